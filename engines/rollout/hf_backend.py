@@ -1,0 +1,153 @@
+"""`hf` backend: a manual sampling loop over a transformers causal LM (runs anywhere).
+
+Why not `model.generate`: we need the raw (temperature-1) logprob of every sampled token, a
+per-row token budget (the context cap differs per prompt) and one seeded generator for the
+whole batch; a 40-line loop with the KV cache is simpler than bending `generate` to that.
+Prompts are left-padded into one batch; position ids follow the attention mask so padding
+does not shift positions (tested against an unpadded forward pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from engines.rollout.base import (
+    Completion,
+    SamplingParams,
+    budget,
+    check_model_dir,
+    check_prompts,
+    check_weights,
+    register_backend,
+)
+
+
+def sample_tokens(
+    logits: Tensor, temperature: float, top_p: float, gen: torch.Generator | None
+) -> Tensor:
+    """Sample one token per row from softmax(logits / T) restricted to the top-p nucleus.
+
+    logits: (R, V) float32 → (R,) int64.
+    """
+    probs = torch.softmax(logits / temperature, dim=-1)  # (R, V)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)  # (R, V)
+        drop = (sorted_p.cumsum(-1) - sorted_p) > top_p  # keep the smallest set reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)  # (R,)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """rows → input_ids (R, L) left-padded with pad_id, attention_mask (R, L) of 0/1."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+@register_backend("hf")
+class HFBackend:
+    """transformers model + manual sampling loop. `device` e.g. "cpu" or "cuda"."""
+
+    name = "hf"
+
+    def __init__(
+        self, model_path: str | Path, *, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        path = check_model_dir(model_path)
+        self.model_path = str(path)
+        self.version = 0
+        self.device = torch.device(device)
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=getattr(torch, dtype)
+        )
+        self.model = model.to(self.device)
+        self.model.eval()
+        cfg: Any = self.model.config
+        self._context = int(cfg.max_position_embeddings)
+        self._vocab = int(cfg.vocab_size)
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = cfg.eos_token_id
+        self._eos: tuple[int, ...] = (
+            tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+        )
+        self._pad = int(cfg.pad_token_id) if cfg.pad_token_id is not None else 0
+
+    def max_context(self) -> int:
+        return self._context
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        check_prompts(prompts, self._context, self._vocab)
+        if not prompts:
+            return []
+        rows = [list(p) for p in prompts for _ in range(params.n)]  # R = P * n
+        budgets = [budget(len(r), params, self._context) for r in rows]
+        stop = set(self._eos) | set(params.stop_token_ids)
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
+
+        ids, mask = left_pad(rows, self._pad)  # (R, L)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, L)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
+        next_pos = pos[:, -1:] + 1  # (R, 1)
+
+        toks: list[list[int]] = [[] for _ in rows]
+        lps: list[list[float]] = [[] for _ in rows]
+        reason: list[str | None] = [None] * len(rows)
+        for _ in range(max(budgets)):
+            logp = torch.log_softmax(logits, dim=-1)  # (R, V) raw, temperature 1
+            tok = sample_tokens(logits, params.temperature, params.top_p, gen)  # (R,)
+            tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)  # (R,)
+            for r, (t, lp) in enumerate(zip(tok.tolist(), tok_lp.tolist(), strict=True)):
+                if reason[r] is not None:
+                    continue
+                toks[r].append(t)
+                lps[r].append(lp)
+                if t in stop:
+                    reason[r] = "stop"
+                elif len(toks[r]) >= budgets[r]:
+                    reason[r] = "length"
+            if all(x is not None for x in reason):
+                break
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)  # (R, L+t+1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past, logits = out.past_key_values, out.logits[:, -1].float()
+            next_pos = next_pos + 1
+
+        comps = [
+            Completion(tuple(t), tuple(lp), r or "length")
+            for t, lp, r in zip(toks, lps, reason, strict=True)
+        ]
+        return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
+        sd = self.model.state_dict()
+        check_weights(tensors, {k: tuple(v.shape) for k, v in sd.items()}, self.version, version)
+        for k, v in sd.items():
+            v.copy_(tensors[k].to(device=v.device, dtype=v.dtype))
+        self.version = version

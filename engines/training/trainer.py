@@ -1,0 +1,386 @@
+"""The per-agent trainer: micro-batch gradient accumulation, one optimizer step per batch.
+
+Lifecycle of one step k of agent A (DESIGN.md §2, §4)::
+
+    trainer.begin_step(global_tokens=N_tok, global_seqs=B)   # counts of the whole batch
+    for mb in micro_batches:                                 # whole groups, any sizes b_j
+        trainer.accumulate(mb)                               # forward + backward, grads add up
+    result = trainer.step()                                  # clip, AdamW, version k → k+1
+
+Because `aggregate` divides by the *global* counts, the accumulated gradient equals the
+full-batch gradient exactly (see `aggregate.py`); `step` refuses to run if the micro-batches
+did not add up to the declared counts, since the normaliser would then be wrong.
+
+Streaming (deferred) normalisation: in the orchestrator, micro-batch j of step k is trained
+while micro-batch j+1 is still being generated, so N_tok is unknown when accumulation starts.
+`begin_step()` without counts accumulates the *sums* (normalisers 1) and `step()` divides the
+gradients by the normaliser of the whole batch once it is known. Every aggregation mode is
+Σ(per-sequence term)/constant (see `aggregate.py`), so this is the same gradient exactly.
+
+Pending gradients are part of `state()`: the slot manager may swap an agent out between two
+micro-batches of a step (another agent needs the slot) and the accumulation continues intact.
+
+A non-finite loss or gradient skips the step: no optimizer update, gradients dropped,
+weights and optimizer state bit-identical, `version` unchanged, the event counted in
+`skipped_steps` and logged — never silently applied.
+
+State (`state()` / `load_state()`) is a flat `dict[str, Tensor]` + a JSON-able meta dict, so
+it goes through the StateStore and safetensors unchanged: `model/<hf name>`,
+`optim/<hf name>/<exp_avg|exp_avg_sq|step>`, `rng/cpu`. `release()` drops all tensors
+(the slot manager calls it after the state is safely in the store); `load_state()` brings
+them back into the same module objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM
+
+from engines.training.advantages import ADVANTAGES
+from engines.training.aggregate import AGGREGATIONS, aggregate
+from engines.training.batch import TrainMicroBatch, token_logprobs
+from engines.training.lora import (
+    PEFT_PREFIX,
+    LoraConfig,
+    inject_lora,
+    is_adapter_key,
+    merged_weights,
+    share_base,
+)
+from engines.training.losses import POLICY_LOSSES, policy_loss
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """Optimizer and loss settings of one agent; names refer to the registries."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (norm still checked)
+    advantage: str = "grpo"
+    policy_loss: str = "grpo"
+    aggregation: str = "token-mean"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"
+    lora: LoraConfig | None = None
+
+    def __post_init__(self) -> None:
+        ADVANTAGES.get(self.advantage)  # unknown names raise, listing known ones
+        POLICY_LOSSES.get(self.policy_loss)
+        AGGREGATIONS.get(self.aggregation)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
+        if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:
+            raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Outcome of one `step()`; `version` is the policy version after it."""
+
+    version: int
+    skipped: bool
+    loss: float  # sum over micro-batches of the aggregated loss = the full-batch loss
+    grad_norm: float  # before clipping
+    num_tokens: int
+    num_seqs: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AgentTrainer:
+    """Trainer state of one agent: model, AdamW, policy version. Plain torch, no Prefect."""
+
+    def __init__(
+        self, agent: str, model_path: str, config: TrainConfig, device: str = "cpu"
+    ) -> None:
+        self.agent = agent
+        self.model_path = model_path
+        self.config = config
+        self.device = torch.device(device)
+        torch.manual_seed(config.seed)
+        dtype = DTYPES[config.dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        if config.lora is not None:
+            inject_lora(self.model, config.lora)
+        self.model.to(self.device)  # type: ignore[arg-type]
+        self.model.train()
+        if config.lora is not None:
+            share_base(self.model, model_path, dtype, str(self.device))
+        # what state()/release()/load_state() cover: everything, or the adapter only
+        self._state_keys = [
+            k for k in self.model.state_dict() if config.lora is None or is_adapter_key(k)
+        ]
+        self._names = {p: n for n, p in self.model.named_parameters() if p.requires_grad}
+        self.optimizer = torch.optim.AdamW(
+            list(self._names),
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+        )
+        self.version = 0
+        self.skipped_steps = 0
+        self._released = False
+        self._pending: _Accum | None = None
+
+    # ---- one step -------------------------------------------------------------------------
+    def begin_step(self, global_tokens: int | None = None, global_seqs: int | None = None) -> None:
+        """Declare the counts of the whole global batch that the next `step` consumes, or
+        neither: then they are taken from the micro-batches at `step()` (streaming).
+
+        Any pending, un-stepped accumulation is discarded (a restarted step after a failed
+        micro-batch task starts from zero gradients).
+        """
+        if (global_tokens is None) != (global_seqs is None):
+            raise ValueError("begin_step: give both global_tokens and global_seqs, or neither")
+        if global_tokens is not None and (global_tokens <= 0 or (global_seqs or 0) <= 0):
+            raise ValueError(f"begin_step needs positive counts, got {global_tokens}/{global_seqs}")
+        self._require_loaded()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = _Accum(global_tokens, global_seqs)
+
+    @property
+    def pending(self) -> bool:
+        """True between `begin_step()` and `step()`."""
+        return self._pending is not None
+
+    def accumulate(self, mb: TrainMicroBatch) -> dict[str, float]:
+        """Forward + backward of one micro-batch; gradients add onto the pending step."""
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError(f"{self.agent}: accumulate() before begin_step()")
+        mb = mb.to(self.device)
+        cfg = self.config
+        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask)  # (b,T)
+        loss_tok, metrics = policy_loss(
+            cfg.policy_loss,
+            logp,
+            mb.old_logprobs,
+            mb.advantages,
+            mb.response_mask,
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            ref_logprobs=mb.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+        )
+        loss = aggregate(
+            loss_tok,
+            mb.response_mask,
+            cfg.aggregation,
+            global_tokens=acc.global_tokens or 1,  # streaming: sums now, normalised at step()
+            global_seqs=acc.global_seqs or 1,
+        )
+        loss.backward()
+        value = float(loss.detach())
+        acc.loss += value
+        acc.finite &= math.isfinite(value)
+        acc.tokens += mb.num_tokens
+        acc.seqs += mb.num_seqs
+        out = {k: float(v) for k, v in metrics.items()}
+        for k, v in out.items():  # token-weighted running mean of the diagnostics
+            acc.metrics[k] = acc.metrics.get(k, 0.0) + v * mb.num_tokens
+        out["loss"] = value
+        return out
+
+    def step(self) -> StepResult:
+        """Clip, AdamW step, zero grads, version += 1 — or skip on non-finite loss/grad."""
+        acc = self._pending
+        if acc is None or acc.seqs == 0:
+            raise RuntimeError(f"{self.agent}: step() without begin_step() + accumulate()")
+        if acc.global_tokens is None:  # streaming: divide the summed gradients now
+            scale = normaliser(self.config.aggregation, acc.tokens, acc.seqs)
+            for p in self._names:
+                if p.grad is not None:
+                    p.grad.div_(scale)
+            acc.loss /= scale
+        elif (acc.tokens, acc.seqs) != (acc.global_tokens, acc.global_seqs):
+            raise ValueError(
+                f"{self.agent}: micro-batches held {acc.tokens} tokens / {acc.seqs} seqs but "
+                f"begin_step declared {acc.global_tokens} / {acc.global_seqs}; the loss "
+                "normaliser would be wrong — pass the counts of the whole global batch"
+            )
+        self._pending = None
+        params = list(self._names)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        metrics = {k: v / max(acc.tokens, 1) for k, v in acc.metrics.items()}
+        skipped = not (acc.finite and math.isfinite(norm))
+        if skipped:
+            self.skipped_steps += 1
+            log.warning(
+                "%s: step skipped at version %d (loss=%s, grad_norm=%s); %d skipped so far",
+                self.agent,
+                self.version,
+                acc.loss,
+                norm,
+                self.skipped_steps,
+            )
+        else:
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(self.version, skipped, acc.loss, norm, acc.tokens, acc.seqs, metrics)
+
+    # ---- state ----------------------------------------------------------------------------
+    def weights(self) -> dict[str, Tensor]:
+        """What rollout hosts load: HF parameter names → detached tensors (no copy).
+
+        Under LoRA only the adapter, with PEFT's saved names (`base_model.model.…lora_A.weight`).
+        """
+        self._require_loaded()
+        sd = self.model.state_dict()
+        if self.config.lora is not None:
+            return {PEFT_PREFIX + k: sd[k].detach() for k in self._state_keys}
+        return {k: v.detach() for k, v in sd.items()}
+
+    def merged_weights(self) -> dict[str, Tensor]:
+        """Full HF-named weights; under LoRA with the adapter folded into the base."""
+        self._require_loaded()
+        if self.config.lora is not None:
+            return merged_weights(self.model, self.config.lora)
+        return self.weights()
+
+    def state(self) -> dict[str, Tensor]:
+        """Model + optimizer + RNG as one flat named tensor dict (no copies of the weights)."""
+        self._require_loaded()
+        sd = self.model.state_dict()
+        out = {f"model/{k}": sd[k].detach() for k in self._state_keys}
+        for p, name in self._names.items():
+            for k, v in self.optimizer.state.get(p, {}).items():
+                out[f"optim/{name}/{k}"] = v.detach() if isinstance(v, Tensor) else torch.tensor(v)
+        out["rng/cpu"] = torch.get_rng_state()
+        if self._pending is not None:  # a step in progress: its gradients travel too
+            for p, name in self._names.items():
+                if p.grad is not None:
+                    out[f"grad/{name}"] = p.grad.detach()
+        return out
+
+    def meta(self) -> dict[str, Any]:
+        """JSON-able counterpart of `state()`."""
+        groups = [
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+            for g in self.optimizer.param_groups
+        ]
+        return {
+            "format": STATE_FORMAT,
+            "agent": self.agent,
+            "model_path": self.model_path,
+            "version": self.version,
+            "skipped_steps": self.skipped_steps,
+            "param_groups": groups,
+            "config": asdict(self.config),
+            "pending": None if self._pending is None else asdict(self._pending),
+        }
+
+    def load_state(
+        self, tensors: dict[str, Tensor], meta: dict[str, Any], device: str | None = None
+    ) -> None:
+        """Inverse of `state()`/`meta()`; tensors are adopted (moved to the device, no copy).
+
+        `device` rebinds the trainer to another device (a different slot) on the way in.
+        """
+        if device is not None:
+            self.device = torch.device(device)
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"state format {meta.get('format')!r}, expected {STATE_FORMAT}")
+        model_keys = {k[len("model/") :] for k in tensors if k.startswith("model/")}
+        expected = set(self._state_keys)
+        if model_keys != expected:
+            missing, extra = sorted(expected - model_keys), sorted(model_keys - expected)
+            raise ValueError(
+                f"{self.agent}: state keys differ: missing {missing[:5]}, extra {extra[:5]}"
+            )
+        by_name = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        with torch.no_grad():
+            for k in model_keys:
+                by_name[k].data = tensors[f"model/{k}"].to(self.device)
+            for name, buf in self.model.named_buffers():  # non-persistent: follow the device
+                if name not in model_keys:
+                    buf.data = buf.data.to(self.device)
+        self.optimizer.state.clear()
+        for p, name in self._names.items():
+            st = {
+                k.rsplit("/", 1)[1]: v.to(self.device)
+                if k.endswith("exp_avg") or k.endswith("exp_avg_sq")
+                else v
+                for k, v in tensors.items()
+                if k.startswith(f"optim/{name}/")
+            }
+            if st:
+                self.optimizer.state[p] = st
+        for g, saved in zip(self.optimizer.param_groups, meta["param_groups"], strict=True):
+            g.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in saved.items()})
+        if "rng/cpu" in tensors:
+            torch.set_rng_state(tensors["rng/cpu"].to("cpu", torch.uint8))
+        self.version = int(meta["version"])
+        self.skipped_steps = int(meta["skipped_steps"])
+        pending = meta.get("pending")
+        self._pending = None if pending is None else _Accum(**pending)
+        for p, name in self._names.items():
+            grad = tensors.get(f"grad/{name}")
+            p.grad = None if grad is None else grad.to(self.device)
+        self._released = False
+
+    def release(self) -> None:
+        """Drop the state's tensors (weights, grads, optimizer state); modules remain.
+
+        Non-persistent buffers (e.g. rotary `inv_freq`) are not part of `state()` and are
+        derived from the config, so they stay (they are tiny).
+        """
+        by_name = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        with torch.no_grad():
+            for k in self._state_keys:
+                t = by_name[k]
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+                t.grad = None
+        self.optimizer.state.clear()
+        self._pending = None
+        self._released = True
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def _require_loaded(self) -> None:
+        if self._released:
+            raise RuntimeError(f"{self.agent}: trainer state is released; load_state() first")
+
+
+def normaliser(mode: str, tokens: int, seqs: int) -> float:
+    """The constant an aggregation mode divides by, for a batch of `tokens`/`seqs`.
+
+    Every mode is Σ(per-sequence term)/c; aggregating a unit loss with normalisers 1 and with
+    the real counts gives c as their ratio, so no mode needs a second table of constants."""
+    one = torch.ones(1, 1)
+    unit = float(aggregate(one, one, mode, global_tokens=1, global_seqs=1))
+    real = float(aggregate(one, one, mode, global_tokens=max(tokens, 1), global_seqs=max(seqs, 1)))
+    return unit / real
+
+
+@dataclass(slots=True)
+class _Accum:
+    global_tokens: int | None
+    global_seqs: int | None
+    loss: float = 0.0
+    finite: bool = True
+    tokens: int = 0
+    seqs: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)

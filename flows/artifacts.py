@@ -1,0 +1,124 @@
+"""Pictures and Prefect artifacts of a run: reward curve, pipeline timeline, MEG, metrics.
+
+The timeline has one row per worker and one bar per task run, coloured by agent, with the
+phase as hatching: it is the picture that shows rollout and training overlapping (flex) or
+taking turns (sync). Every artifact is also written to the run directory.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from tasks.context import Timing
+
+_HATCH = {"generate": "", "score": "..", "train": "//", "step": "xx"}
+
+
+def reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["team_reward"] for r in rows], "k-o", lw=2, label="team")
+    agents = sorted({a for r in rows for a in r["reward_mean"]})
+    for a in agents:
+        ax.plot(steps, [r["reward_mean"].get(a, float("nan")) for r in rows], "--", label=a)
+    ax.set(xlabel="step", ylabel="mean reward", title=title, ylim=(-0.05, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def timeline(ts: list[Timing], path: Path, title: str) -> Path:
+    workers = sorted({t.worker for t in ts})
+    agents = sorted({t.agent for t in ts if t.agent != "-"})
+    cmap = plt.get_cmap("tab10")
+    colour = {a: cmap(i % 10) for i, a in enumerate(agents)} | {"-": (0.6, 0.6, 0.6, 1.0)}
+    t0 = min((t.start for t in ts), default=0.0)
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.8 * len(workers)))
+    for row, w in enumerate(workers):
+        for t in (t for t in ts if t.worker == w):
+            ax.barh(
+                row,
+                t.seconds,
+                left=t.start - t0,
+                height=0.7,
+                color=colour[t.agent],
+                hatch=_HATCH.get(t.phase, ""),
+                edgecolor="black",
+                linewidth=0.3,
+            )
+    ax.set_yticks(range(len(workers)), [w.replace("tcp://", "") for w in workers], fontsize=8)
+    ax.set(xlabel="seconds since start", title=title)
+    handles = [Patch(color=colour[a], label=a) for a in agents]
+    handles += [
+        Patch(facecolor="white", edgecolor="black", hatch=h, label=p) for p, h in _HATCH.items()
+    ]
+    ax.legend(
+        handles=handles,
+        fontsize=7,
+        ncol=len(handles),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 if len(workers) < 3 else -0.2),
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _img_md(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f"![{alt}](data:image/png;base64,{data})"
+
+
+def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> None:
+    """Prefect artifacts (keyed, so they show on the Artifacts page) from the run's files."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    rows = [
+        {
+            "step": r["step"],
+            "wall_s": r["wall_s"],
+            "team_reward": r["team_reward"],
+            **{f"reward/{a}": v for a, v in r["reward_mean"].items()},
+            "decode_tokens": r["decode_tokens"],
+        }
+        for r in summary["per_step"]
+    ]
+    create_table_artifact(
+        table=rows, key=f"{key}-metrics", description=f"per-step metrics, {summary['mode']} mode"
+    )
+    create_markdown_artifact(
+        key=f"{key}-reward-curve",
+        markdown=_img_md(run_dir / "reward_curve.png", "reward curve"),
+        description="team and per-agent mean reward per step",
+    )
+    create_markdown_artifact(
+        key=f"{key}-timeline",
+        markdown=_img_md(run_dir / "timeline.png", "pipeline timeline"),
+        description="one row per worker, one bar per task run (colour: agent, hatch: phase)",
+    )
+    create_markdown_artifact(
+        key=f"{key}-meg",
+        markdown=f"```mermaid\n{mermaid}```",
+        description="the multi-agent execution graph",
+    )
+    c = summary["consistency"]
+    create_markdown_artifact(
+        key=f"{key}-summary",
+        markdown=(
+            f"**{summary['steps']} steps** in {summary['wall_s']:.1f} s, utilization "
+            f"{summary['utilization']:.2f}, consistency violations {c['violations']} of "
+            f"{c['rows_checked']} rows, resumed segments {summary['resumed_segments']}"
+        ),
+    )

@@ -1,0 +1,206 @@
+"""Bootstrap: one Prefect API server for the run, and the Dask cluster it runs on.
+
+Prefect: with no `PREFECT_API_URL`, every process that talks to Prefect would start its own
+temporary server (one per Dask worker, on one SQLite file: slow and "database is locked").
+`prefect_api()` starts ONE server on 127.0.0.1 and exports its URL *before* the cluster is
+created, so every worker process inherits it.
+
+Dask: a `LocalCluster` (or `dask_cuda.LocalCUDACluster`, or any class by dotted name) with
+one thread per worker process, bound to 127.0.0.1; or an existing scheduler address. Workers
+are split into rollout and training roles by address; placement pins tasks to them.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ClusterConfig(BaseModel):
+    """Where the tasks run. Defaults: a local cluster, one rollout + one training worker."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scheduler: str | None = Field(None, description="tcp://HOST:PORT of an existing Dask scheduler")
+    rollout_workers: int = Field(1, ge=1)
+    train_workers: int = Field(1, ge=1)
+    colocate: bool = Field(False, description="every worker does both rollout and training")
+    cluster_class: str = "distributed.LocalCluster"
+    train_slots: int = Field(2, ge=1, description="training slots per training worker")
+    memory_limit: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """Worker ids by role, and the Dask annotations that pin a task to each worker."""
+
+    address: str  # scheduler
+    rollout: tuple[str, ...]
+    train: tuple[str, ...]
+    pins: dict[str, dict[str, Any]]
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.rollout, *self.train)))
+
+    def pin(self, worker: str) -> dict[str, Any]:
+        return self.pins[worker]
+
+
+def _settings_env() -> dict[str, str]:
+    """Environment every process of the run shares (inherited by spawned workers)."""
+    return {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no network here; the heartbeat failed
+        "PREFECT_LOGGING_LEVEL": os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # Dask workers are daemons: no child processes
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "DASK_LOGGING__DISTRIBUTED": "warning",
+        # Dask's sampling profiler calls sys._current_frames(); on CPython 3.11 a GC pass
+        # inside it (with distributed's GC diagnosis callback) deadlocked a worker here as
+        # soon as another thread started (zarr's I/O pool). We do not need it.
+        "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+
+
+@contextmanager
+def prefect_api() -> Iterator[str]:
+    """Use `PREFECT_API_URL` if set, else run one local API server for the run's lifetime."""
+    os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        yield url
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    server = SubprocessASGIServer()
+    server.start(timeout=120)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)  # send the last logs while the server is still up
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+def warm_up() -> None:
+    """Import what every task needs (torch, transformers, prefect, the project): seconds per
+    process, paid in parallel at start-up instead of inside the first task of each worker."""
+    import prefect  # noqa: F401
+    import transformers  # noqa: F401
+
+    import tasks.rollout
+    import tasks.scoring
+    import tasks.training  # noqa: F401
+
+
+def _import(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import cluster class {dotted!r}: {e}") from None
+
+
+ROLLOUT, TRAIN = "rollout", "train"
+
+
+def roles(cfg: ClusterConfig) -> dict[str, dict[str, float]]:
+    """Worker name → Dask resources: its role(s) plus one resource named after itself.
+
+    Placement pins a task with the worker's own resource, a *hard* restriction: a worker that
+    dies is restarted by its nanny with the same name and resources (at a new address) and
+    the task runs there. We avoid `workers=[addr], allow_other_workers=True`: Dask's work
+    stealing and fallback then ignore resource restrictions, and a generate task can land on
+    a training worker (seen here with distributed 2026.8)."""
+    names = (
+        [f"worker-{i}" for i in range(cfg.rollout_workers)]
+        if cfg.colocate
+        else [f"rollout-{i}" for i in range(cfg.rollout_workers)]
+        + [f"train-{i}" for i in range(cfg.train_workers)]
+    )
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        res = {ROLLOUT: 1.0, TRAIN: 1.0} if cfg.colocate else {name.split("-")[0]: 1.0}
+        out[name] = {**res, name: 1.0}
+    return out
+
+
+def split_workers(info: dict[str, dict[str, Any]], scheduler: str) -> Workers:
+    """Roles and pins from the workers' declared resources. Workers of a local cluster pin
+    by their own resource; workers of a foreign cluster pin by address."""
+    by_name = {str(w.get("name")): (a, w.get("resources", {})) for a, w in info.items()}
+    rollout = tuple(sorted(n for n, (_, r) in by_name.items() if ROLLOUT in r))
+    train = tuple(sorted(n for n, (_, r) in by_name.items() if TRAIN in r))
+    pins = {
+        n: ({"resources": {n: 1}} if n in r else {"workers": [a], "allow_other_workers": False})
+        for n, (a, r) in by_name.items()
+    }
+    if not rollout or not train:
+        raise ValueError(
+            f"the Dask cluster needs workers with resource {ROLLOUT!r} and with {TRAIN!r} (found "
+            f"{len(rollout)} and {len(train)} of {len(info)} workers); start them with "
+            f"`dask worker SCHEDULER --nthreads 1 --resources {ROLLOUT}=1` (and {TRAIN}=1)"
+        )
+    return Workers(scheduler, rollout, train, pins)
+
+
+def _start_local(cfg: ClusterConfig) -> Any:
+    """A LocalCluster-family cluster (any SpecCluster subclass) with one worker per role."""
+    cls = _import(cfg.cluster_class)
+    kwargs: dict[str, Any] = {
+        "n_workers": 0,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": None,
+        "memory_limit": cfg.memory_limit,
+    }
+    if cfg.cluster_class.endswith("LocalCluster"):
+        kwargs["host"] = "127.0.0.1"
+    cluster = cls(**kwargs)
+    for name, resources in roles(cfg).items():
+        spec = copy.deepcopy(cluster.new_spec)
+        spec["options"] = {**spec["options"], "resources": resources, "name": name}
+        cluster.worker_spec[name] = spec
+    cluster.scale(len(cluster.worker_spec))
+    return cluster
+
+
+@contextmanager
+def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
+    """Start (or join) the cluster and yield the worker roles; closes what it started."""
+    from distributed import Client
+
+    os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
+    cluster = None
+    if cfg.scheduler:
+        address, expected = cfg.scheduler, 2
+    else:
+        n = len(roles(cfg))
+        # each worker gets an equal share of the cores for torch/OpenMP
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        cluster = _start_local(cfg)
+        address, expected = cluster.scheduler_address, n
+    try:
+        with Client(address) as client:
+            client.wait_for_workers(expected, timeout=120)
+            workers = split_workers(client.scheduler_info(n_workers=-1)["workers"], address)
+            client.run(warm_up)  # all workers import the stack at once, not in the first task
+        yield workers
+    finally:
+        if cluster is not None:
+            cluster.close()

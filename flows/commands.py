@@ -1,0 +1,259 @@
+"""Subcommands of `flexmarl`. Each parses its arguments and calls one library function."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flows.cli import command
+from flows.run import RunError
+from meg import MEGSpec, analyze, load_meg
+from meg.render import mermaid, text
+from storage.errors import StoreError
+from workloads import resolve_config
+from workloads.datasets import DatasetError
+from workloads.rewards import known_rewards
+
+EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, RunError, StoreError)
+
+
+def _config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "config", help="MEG YAML file, or a built-in workload: math-chain, debate, fanout"
+    )
+
+
+def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
+    return load_meg(resolve_config(name), known_rewards=known_rewards(), check_models=check_models)
+
+
+def _meg_show_args(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    p.add_argument("--mermaid", action="store_true", help="print the graph as a Mermaid diagram")
+    p.add_argument(
+        "--skip-model-check",
+        action="store_true",
+        help="do not require the agents' model directories to exist",
+    )
+
+
+@command(
+    "meg validate",
+    "Validate a MEG config; exit 0 if valid, 2 with the problem if not.",
+    _meg_show_args,
+)
+def meg_validate(args: argparse.Namespace) -> int:
+    spec = load_config(args.config, check_models=not args.skip_model_check)
+    print(
+        f"{resolve_config(args.config)}: valid MEG {spec.name!r} "
+        f"({len(spec.agents)} agents, {len(spec.nodes)} nodes)"
+    )
+    return 0
+
+
+@command(
+    "meg show",
+    "Show a MEG: order, episode expansion, load per agent, critical path.",
+    _meg_show_args,
+)
+def meg_show(args: argparse.Namespace) -> int:
+    spec = load_config(args.config, check_models=not args.skip_model_check)
+    print(mermaid(spec) if args.mermaid else text(spec, analyze(spec)), end="")
+    return 0
+
+
+def _tiny_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--warm-start",
+        metavar="WORKLOAD",
+        default=None,
+        help="supervised warm start on this workload's task format (e.g. math-chain)",
+    )
+    p.add_argument(
+        "--warm-steps",
+        type=int,
+        default=None,
+        help="optimizer steps of the warm start (default: the workload's preset)",
+    )
+
+
+@command(
+    "tiny-model", "Build a seeded tiny Llama-style model + BPE tokenizer (HF format).", _tiny_args
+)
+def tiny_model(args: argparse.Namespace) -> int:
+    from workloads.tiny_model import build_tiny_model
+
+    out = build_tiny_model(
+        args.out_dir, layers=args.layers, hidden=args.hidden, vocab=args.vocab, seed=args.seed
+    )
+    print(f"tiny model written to {out}")
+    if args.warm_start:
+        from workloads.warm_start import warm_start
+
+        report = warm_start(
+            out,
+            load_config(args.warm_start, check_models=False),
+            steps=args.warm_steps,
+            seed=args.seed,
+        )
+        print(report.summary())
+    return 0
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="MEG YAML file or built-in workload (math-chain, debate, fanout)",
+    )
+    p.add_argument("--mode", choices=["sync", "flex", "async"], default=None)
+    p.add_argument(
+        "--staleness",
+        type=int,
+        default=None,
+        metavar="η",
+        help="async mode: rows may come from versions >= k - η",
+    )
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--episodes-per-step", type=int, default=None)
+    p.add_argument("--micro-batches", type=int, default=None)
+    p.add_argument("--window", type=int, default=None, help="steps in flight (default 2)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--store", default=None, help="fsspec URL of the MEG Store")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR")
+    p.add_argument("--summary-json", default=None, metavar="PATH")
+    p.add_argument("--no-balance", action="store_true", help="static equal rollout placement")
+    p.add_argument(
+        "--executor",
+        choices=["prefect", "dask"],
+        default="prefect",
+        help="prefect: every node is a Prefect task run (default); dask: plain futures",
+    )
+    p.add_argument("--rollout-workers", type=int, default=1)
+    p.add_argument("--train-workers", type=int, default=1)
+    p.add_argument("--train-slots", type=int, default=2, help="training slots per train worker")
+    p.add_argument("--colocate", action="store_true", help="every worker rolls out and trains")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="join an existing Dask cluster instead of starting a local one",
+    )
+    p.add_argument(
+        "--cluster-class",
+        default="distributed.LocalCluster",
+        help="e.g. dask_cuda.LocalCUDACluster on GPU nodes",
+    )
+
+
+@command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
+def train_cmd(args: argparse.Namespace) -> int:
+    from flows.cluster import ClusterConfig, prefect_api
+    from flows.train import TrainParams, train
+
+    if args.config is None and args.resume is None:
+        raise RunError("give a CONFIG (or --resume RUN_DIR)")
+    params = TrainParams(
+        config=args.config or "math-chain",
+        mode=args.mode,
+        staleness=args.staleness,
+        steps=args.steps,
+        episodes_per_step=args.episodes_per_step,
+        micro_batches=args.micro_batches,
+        window=args.window,
+        seed=args.seed,
+        run_dir=args.run_dir,
+        store=args.store,
+        resume=args.resume,
+        balance=not args.no_balance,
+        executor=args.executor,
+        summary_json=args.summary_json,
+        cluster=ClusterConfig(
+            scheduler=args.scheduler,
+            rollout_workers=args.rollout_workers,
+            train_workers=args.train_workers,
+            colocate=args.colocate,
+            cluster_class=args.cluster_class,
+            train_slots=args.train_slots,
+        ),
+    )
+    with prefect_api() as url:
+        print(f"Prefect API: {url}")
+        out = train(params)
+    c = out["consistency"]
+    print(
+        f"done: {out['steps']} steps in {out['wall_s']:.1f} s, utilization "
+        f"{out['utilization']:.2f}, team reward first->last "
+        f"{out['per_step'][0]['team_reward'] if out['per_step'] else float('nan'):.3f} -> "
+        f"{out['per_step'][-1]['team_reward'] if out['per_step'] else float('nan'):.3f} "
+        f"(gain over 3 steps {out['reward_gain_last3_vs_first3']:+.3f}), consistency "
+        f"violations {c['violations']}/{c['rows_checked']} rows; run dir {out['run_dir']}"
+    )
+    return 0
+
+
+def _store_ls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="store URL (a path, file://, s3://, ...)")
+    p.add_argument("--json", action="store_true")
+
+
+@command("store ls", "List runs, agents, steps, rows and versions of a MEG Store.", _store_ls_args)
+def store_ls_cmd(args: argparse.Namespace) -> int:
+    from storage.cli import store_ls
+
+    print(store_ls(args.url, as_json=args.json))
+    return 0
+
+
+def _store_show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url")
+    p.add_argument("--run", required=True)
+    p.add_argument("--agent", required=True)
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+
+
+@command("store show", "Show an agent's rows (rewards, lengths, versions).", _store_show_args)
+def store_show_cmd(args: argparse.Namespace) -> int:
+    from storage.cli import store_show
+
+    print(store_show(args.url, args.run, args.agent, step=args.step, as_json=args.json))
+    return 0
+
+
+def _ui_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=4200)
+
+
+@command("ui", "Start the Prefect server with its UI on 127.0.0.1 and print the URL.", _ui_args)
+def ui_cmd(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    print(
+        f"Prefect UI: http://127.0.0.1:{args.port}  (export PREFECT_API_URL="
+        f"http://127.0.0.1:{args.port}/api so that `flexmarl train` reports to it)"
+    )
+    return subprocess.call(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+        ],
+        env=env,
+    )

@@ -1,0 +1,65 @@
+"""Two ways to run the same compiled task graph: Prefect tasks, or plain Dask futures.
+
+The compiler (`flows.pipeline`) only calls `submit(kind, kwargs, pin)` and `done/result`.
+`PrefectExecutor` submits the Prefect task of each kind (every node becomes a task run in the
+UI); `DaskExecutor` submits the same function bodies as plain Dask futures. Both pin placement
+with `dask.annotate(...)` (see `flows.cluster.roles`); both pass dependencies as futures inside
+the arguments (each resolves them before the body runs). Running one workload through both is
+how the benchmark measures Prefect's orchestration overhead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import dask
+
+from tasks.rollout import generate
+from tasks.scoring import score
+from tasks.training import optimizer_step, train
+
+TASKS: dict[str, Any] = {
+    "generate": generate,
+    "score": score,
+    "train": train,
+    "step": optimizer_step,
+}
+
+
+class Executor(Protocol):
+    def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any: ...
+    def done(self, handle: Any) -> bool: ...
+    def result(self, handle: Any) -> Any: ...
+
+
+class PrefectExecutor:
+    """Submit through the flow's DaskTaskRunner (must be called inside the flow run)."""
+
+    def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any:
+        with dask.annotate(**pin):
+            return TASKS[kind].submit(**kwargs)
+
+    def done(self, handle: Any) -> bool:
+        return bool(handle.wrapped_future.done())
+
+    def result(self, handle: Any) -> Any:
+        return handle.result()
+
+
+class DaskExecutor:
+    """Submit the task bodies (`task.fn`) as plain Dask futures on `client`."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any:
+        fn: Callable[..., Any] = TASKS[kind].fn
+        with dask.annotate(**pin):
+            return self.client.submit(fn, pure=False, **kwargs)
+
+    def done(self, handle: Any) -> bool:
+        return bool(handle.done())
+
+    def result(self, handle: Any) -> Any:
+        return handle.result()

@@ -1,0 +1,106 @@
+"""Progress output of a run: one live table per agent (step, version, reward, stage).
+
+On a terminal it is a rich Live table; elsewhere (CI, a Prefect worker's log) it prints one
+line per finished optimizer step, so logs stay readable. A Prefect progress artifact follows
+the finished steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from tasks.rollout import GenRef
+from tasks.scoring import ScoreRef
+from tasks.training import StepRef, TrainRef
+
+
+class Progress:
+    def __init__(
+        self, agents: list[str], steps: int, start_step: int = 0, console: Console | None = None
+    ) -> None:
+        self.agents, self.steps, self.start = agents, steps, start_step
+        self.console = console or Console(stderr=True)
+        self.live_mode = self.console.is_terminal and sys.stderr.isatty()
+        self.state: dict[str, dict[str, Any]] = {
+            a: {"step": "-", "version": 0, "reward": float("nan"), "tokens": 0, "stage": "waiting"}
+            for a in agents
+        }
+        self.team: dict[int, list[float]] = defaultdict(list)
+        self.steps_done = 0
+        self._live: Live | None = None
+        self._artifact: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.live_mode:
+            self._live = Live(self._table(), console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self._artifact = create_progress_artifact(
+                progress=0.0, key="flexmarl-progress", description="finished optimizer steps, %"
+            )
+        except Exception:  # outside a flow run (e.g. the plain Dask executor): no artifact
+            self._artifact = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        t = Table(title=f"flexmarl: {self.steps_done}/{self.steps} agent-steps done")
+        for col in ("agent", "step", "version", "reward", "tokens", "stage"):
+            t.add_column(col, justify="left" if col in ("agent", "stage") else "right")
+        for a in self.agents:
+            s = self.state[a]
+            t.add_row(
+                a,
+                str(s["step"]),
+                str(s["version"]),
+                f"{s['reward']:.3f}",
+                str(s["tokens"]),
+                s["stage"],
+            )
+        return t
+
+    def __call__(self, kind: str, ref: Any) -> None:
+        if isinstance(ref, GenRef):
+            s = self.state[ref.agent]
+            s["tokens"] += ref.decode_tokens
+            s["stage"] = f"generated {ref.node} k={ref.step} mb={ref.micro_batch}"
+        elif isinstance(ref, ScoreRef):
+            self.team[ref.step].append(ref.team_reward)
+            for a, r in ref.agent_reward.items():
+                self.state[a]["reward"] = r
+        elif isinstance(ref, TrainRef):
+            self.state[ref.agent]["stage"] = f"trained k={ref.step} mb={ref.micro_batch}"
+        elif isinstance(ref, StepRef):
+            s = self.state[ref.agent]
+            s.update(step=ref.step, version=ref.version, stage=f"stepped k={ref.step}")
+            self.steps_done += 1
+            self._on_step(ref)
+        if self._live is not None:
+            self._live.update(self._table())
+
+    def _on_step(self, ref: StepRef) -> None:
+        total = self.steps * len(self.agents)
+        if self._artifact is not None:
+            from prefect.artifacts import update_progress_artifact
+
+            update_progress_artifact(self._artifact, progress=100.0 * self.steps_done / total)
+        if not self.live_mode:
+            team = self.team.get(ref.step, [])
+            tr = f" team reward {sum(team) / len(team):.3f}" if team else ""
+            self.console.print(
+                f"[step {ref.step}] {ref.agent}: version {ref.version}, loss {ref.loss:.4f}"
+                f"{' (skipped: non-finite)' if ref.skipped else ''}{tr}",
+                markup=False,
+                highlight=False,
+            )

@@ -1,0 +1,209 @@
+"""The `train` flow: the product's main job (what `flexmarl train` and deployments run).
+
+prepare   resolve the config, create (or reopen) the run directory and the store
+cluster   start or join the Dask cluster (one Prefect API server is already up)
+pipeline  compile MEG × steps × micro-batches into tasks and run them (flows.pipeline)
+finalize  audit consistency from the store, summarise, plot, publish artifacts, export
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.artifacts import publish, reward_curve, timeline
+from flows.cluster import ClusterConfig, Workers, dask_cluster
+from flows.executors import DaskExecutor, PrefectExecutor
+from flows.pipeline import Pipeline, PipelineConfig
+from flows.progress import Progress
+from flows.report import reward_gain, summary, timings
+from flows.run import Run, default_store, load_run, resume_point
+from meg import load_meg
+from meg.render import mermaid
+from storage.audit import audit_consistency
+from storage.store import MEGStore
+from tasks.context import RunContext
+from workloads import resolve_config
+from workloads.rewards import known_rewards
+
+
+class TrainParams(BaseModel):
+    """Parameters of a training run. Unset values come from the MEG's `run:` section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: str = Field("math-chain", description="MEG YAML path or built-in workload name")
+    mode: Literal["sync", "flex", "async"] | None = None
+    staleness: int | None = Field(None, ge=0, description="η for async mode")
+    steps: int | None = Field(None, ge=1)
+    episodes_per_step: int | None = Field(None, ge=1)
+    micro_batches: int | None = Field(None, ge=1)
+    window: int | None = Field(None, ge=1)
+    seed: int | None = None
+    run_dir: str | None = Field(None, description="default: runs/<workload>-<timestamp>")
+    store: str | None = Field(
+        None, description="fsspec URL of the MEG Store; default <run_dir>/store"
+    )
+    resume: str | None = Field(None, description="run directory of a killed run to continue")
+    balance: bool = True
+    executor: Literal["prefect", "dask"] = "prefect"
+    checkpoint_every: int | None = Field(None, ge=1)
+    cluster: ClusterConfig = ClusterConfig()
+    summary_json: str | None = None
+    export_final: bool = True
+
+
+def prepare(p: TrainParams) -> Run:
+    """Phase 1: a new run from the config, or the resume point of an existing run."""
+    if p.resume:
+        return resume_point(load_run(Path(p.resume)))
+    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards())
+    r = spec.run
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
+    if (run_dir / "run.json").exists():
+        raise ValueError(
+            f"{run_dir} already holds a run; use --resume {run_dir} to continue "
+            "it, or choose another --run-dir"
+        )
+    mode = p.mode or r.mode
+    ctx = RunContext(
+        run_id=f"{spec.name}-{stamp}",
+        store_url=p.store or default_store(run_dir),
+        spec=spec,
+        mode=mode,
+        staleness=(p.staleness if p.staleness is not None else r.staleness)
+        if mode == "async"
+        else 0,
+        seed=p.seed if p.seed is not None else r.seed,
+        train_slots=p.cluster.train_slots,
+        checkpoint_every=p.checkpoint_every or r.checkpoint_every or 1,
+    )
+    run = Run(
+        run_dir,
+        ctx,
+        p.steps or r.steps,
+        p.episodes_per_step or r.episodes_per_step,
+        p.micro_batches or r.micro_batches,
+        p.window or r.window,
+        p.balance,
+    )
+    PipelineConfig(run.steps, run.episodes_per_step, run.micro_batches)  # validates sizes
+    run.save()
+    (run_dir / "meg.mmd").write_text(mermaid(spec))
+    MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
+    return run
+
+
+def run_pipeline(run: Run, workers: Workers, executor: Any) -> tuple[list[Any], float, float]:
+    """Phase 3: the training loop over steps, as a bounded window of compiled steps."""
+    cfg = PipelineConfig(
+        run.steps, run.episodes_per_step, run.micro_batches, run.window, run.start_step, run.balance
+    )
+    agents = [
+        a for a in run.ctx.spec.agents if any(n.agent == a for n in run.ctx.spec.nodes.values())
+    ]
+    t0 = time.time()
+    with Progress(agents, run.steps - run.start_step, run.start_step) as progress:
+        pipe = Pipeline(run.ctx, workers, executor, cfg, run.base_versions or {}, progress)
+        for k in range(run.start_step, run.steps):
+            pipe.wait_window(k)  # at most `window` steps in flight
+            pipe.submit_rollout(k)  # generate every node, score every micro-batch
+            pipe.submit_training(k)  # accumulate micro-batches, step, publish
+        results = pipe.finish()
+    return results, t0, time.time() - t0
+
+
+@flow(name="flexmarl-pipeline", log_prints=True)
+def pipeline_flow(
+    run_dir: str,
+    scheduler: str,
+    rollout: list[str],
+    train: list[str],
+    pins: dict[str, dict[str, Any]],
+) -> list[Any]:
+    """The task graph as Prefect task runs (every generate/score/train/step is visible)."""
+    run = resume_point(load_run(Path(run_dir)))
+    workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
+    results, t0, wall = run_pipeline(run, workers, PrefectExecutor())
+    return [results, t0, wall]
+
+
+def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float, float]:
+    if executor == "dask":
+        from distributed import Client
+
+        with Client(workers.address) as client:
+            return run_pipeline(run, workers, DaskExecutor(client))
+    from prefect_dask import DaskTaskRunner
+
+    runner = DaskTaskRunner(address=workers.address)
+    sub = pipeline_flow.with_options(task_runner=runner)  # type: ignore[arg-type]
+    results, t0, wall = sub(
+        str(run.dir), workers.address, list(workers.rollout), list(workers.train), workers.pins
+    )
+    return results, t0, wall
+
+
+def finalize(
+    run: Run, results: list[Any], t0: float, wall: float, workers: Workers, p: TrainParams
+) -> dict[str, Any]:
+    """Phase 4: audit from the store, summary JSON, plots, Prefect artifacts, HF exports."""
+    ctx = run.ctx
+    store = MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
+    audit = audit_consistency(store)
+    out = summary(
+        mode=ctx.mode,
+        staleness=ctx.staleness,
+        results=results,
+        t0=t0,
+        wall_s=wall,
+        n_workers=len(workers.all),
+        audit=audit,
+        store_url=ctx.store_url,
+        run_id=ctx.run_id,
+        run_dir=str(run.dir),
+        workload=ctx.spec.name,
+    )
+    out["reward_gain_last3_vs_first3"] = round(reward_gain(out["per_step"]), 4)
+    title = f"{ctx.spec.name} · {ctx.mode}"
+    if out["per_step"]:
+        reward_curve(out["per_step"], run.dir / "reward_curve.png", title)
+        timeline(timings(results), run.dir / "timeline.png", title)
+    (run.dir / "summary.json").write_text(json.dumps(out, indent=2))
+    (run.dir / "timeline.json").write_text(json.dumps([asdict(t) for t in timings(results)]))
+    if p.summary_json:
+        Path(p.summary_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(p.summary_json).write_text(json.dumps(out, indent=2))
+    if out["per_step"]:
+        publish(run.dir, out, mermaid(ctx.spec), re.sub(r"[^a-z0-9-]", "-", title.lower()))
+    if p.export_final:
+        export_final(run)
+    return out
+
+
+def export_final(run: Run) -> None:
+    """HF-format model directories of every agent's final policy (what `evaluate` loads)."""
+    from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
+
+    for agent in {n.agent for n in run.ctx.spec.nodes.values()}:
+        ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
+        if ckpt is not None:
+            model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
+            export_hf(restore_trainer(ckpt, model_path=model), run.dir / "final" / agent)
+
+
+@flow(name="flexmarl-train", log_prints=True)
+def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
+    """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
+    run = prepare(params)
+    with dask_cluster(params.cluster) as workers:
+        results, t0, wall = execute(run, workers, params.executor)
+    return finalize(run, results, t0, wall, workers, params)

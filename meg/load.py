@@ -1,0 +1,200 @@
+"""Load a MEG from YAML and validate it, with errors that name the file and the field.
+
+`load_meg` is the one entry point: parse YAML (rejecting duplicate keys, which plain YAML
+silently overwrites), build the pydantic spec, unroll exchanges into nodes, then check the
+cross-field rules. Registries of other layers (reward functions, fan-out rules) are passed in
+by the caller, so `meg` imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from meg.errors import MEGError
+from meg.fanout import PER_SAMPLE, known_fanouts
+from meg.graph import children_map, find_cycle
+from meg.spec import NAME, MEGSpec
+from meg.template import RESERVED, placeholders
+from meg.unroll import unroll_exchange
+
+HUB_PREFIX = "hf://"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise MEGError(
+                f"duplicate name {key!r} (line {key_node.start_mark.line + 1}); "
+                "every agent, node and key must be unique"
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str = "<memory>") -> dict[str, Any]:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except MEGError as e:
+        raise MEGError(e.detail, source=source) from None
+    except yaml.YAMLError as e:
+        raise MEGError(f"not valid YAML: {e}", source=source) from None
+    if not isinstance(data, dict):
+        raise MEGError(
+            "a MEG config must be a YAML mapping with `agents` and `nodes`", source=source
+        )
+    return data
+
+
+def build_spec(data: dict[str, Any], source: str = "<memory>") -> MEGSpec:
+    """Pydantic validation, then exchange unrolling. Raises MEGError on the first problem."""
+    try:
+        spec = MEGSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        more = f" (and {len(e.errors()) - 1} more problem(s))" if len(e.errors()) > 1 else ""
+        raise MEGError(f"{err['msg']}{more}", source=source, field=field) from None
+    if not spec.exchanges:
+        return spec
+    nodes = dict(spec.nodes)
+    for ex_name, ex in spec.exchanges.items():
+        for agent in ex.agents:
+            if agent not in spec.agents:
+                raise MEGError(
+                    f"unknown agent {agent!r}; known agents: {', '.join(spec.agents)}",
+                    source=source,
+                    field=f"exchanges.{ex_name}.agents",
+                )
+        for name, node in unroll_exchange(ex).items():
+            if name in nodes:
+                raise MEGError(
+                    f"duplicate node name {name!r}: exchange {ex_name!r} unrolls into it and it "
+                    "is already defined",
+                    source=source,
+                    field=f"exchanges.{ex_name}",
+                )
+            nodes[name] = node
+    return spec.model_copy(update={"nodes": nodes, "exchanges": {}})
+
+
+def is_hub_name(model: str) -> bool:
+    return model.startswith(HUB_PREFIX)
+
+
+def validate(
+    spec: MEGSpec,
+    *,
+    source: str = "<memory>",
+    known_rewards: Collection[str] | None = None,
+    check_models: bool = True,
+) -> MEGSpec:
+    """Cross-field rules. `known_rewards=None` skips the reward-name check."""
+
+    def fail(msg: str, field: str) -> MEGError:
+        return MEGError(msg, source=source, field=field)
+
+    if not spec.nodes:
+        raise fail("a MEG needs at least one node (or an exchange)", "nodes")
+    for name in [*spec.agents, *spec.nodes]:
+        if not NAME.match(name):
+            raise fail(f"invalid name {name!r}: use letters, digits, _, - and @", name)
+    for name, node in spec.nodes.items():
+        where = f"nodes.{name}"
+        if node.agent not in spec.agents:
+            raise fail(
+                f"unknown agent {node.agent!r}; known agents: {', '.join(spec.agents)}",
+                f"{where}.agent",
+            )
+        for parent, rule in node.inputs.items():
+            if parent not in spec.nodes:
+                raise fail(
+                    f"unknown input node {parent!r}; known nodes: {', '.join(spec.nodes)}",
+                    f"{where}.inputs",
+                )
+            if rule not in known_fanouts():
+                raise fail(
+                    f"unknown fan-out rule {rule!r} for input {parent!r}; known rules: "
+                    f"{', '.join(known_fanouts())}",
+                    f"{where}.inputs.{parent}",
+                )
+        drivers = [p for p, r in node.inputs.items() if r == PER_SAMPLE]
+        if len(drivers) > 1:
+            raise fail(
+                f"{len(drivers)} inputs are per_sample ({', '.join(drivers)}); at most one input "
+                "can drive the fan-out: make the others all, first or best",
+                f"{where}.inputs",
+            )
+        for ph in placeholders(node.template):
+            if ph not in RESERVED and ph not in node.inputs:
+                raise fail(
+                    f"template placeholder {{{ph}}} is not an input of this node; its inputs are "
+                    f"[{', '.join(node.inputs)}] (and {{question}} is always available)",
+                    f"{where}.template",
+                )
+    cycle = find_cycle(children_map(spec))
+    if cycle:
+        raise fail(f"the graph has a cycle: {' -> '.join(cycle)}", "nodes")
+    for node_name, reward in spec.rewards.items():
+        if node_name not in spec.nodes:
+            raise fail(
+                f"reward bound to unknown node {node_name!r}; known nodes: {', '.join(spec.nodes)}",
+                f"rewards.{node_name}",
+            )
+        if known_rewards is not None and reward.fn not in known_rewards:
+            raise fail(
+                f"unknown reward function {reward.fn!r}; known: {', '.join(sorted(known_rewards))}",
+                f"rewards.{node_name}.fn",
+            )
+    for node_name in spec.team_nodes or []:
+        if node_name not in spec.nodes:
+            raise fail(f"unknown node {node_name!r}", "team_nodes")
+    ds = spec.dataset
+    if (ds.generator is None) == (ds.url is None):
+        raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")
+    if check_models:
+        for name, agent in spec.agents.items():
+            for fld, path in (("model", agent.model), ("tokenizer", agent.tokenizer)):
+                if path is None or is_hub_name(path):
+                    continue
+                if not Path(path).expanduser().is_dir():
+                    raise fail(
+                        f"model directory {path!r} does not exist (relative paths are resolved "
+                        f"from the current directory {Path.cwd()}). Build a tiny local model "
+                        f"with `flexmarl tiny-model {path}`, or write `hf://ORG/NAME` for a "
+                        "Hugging Face hub model",
+                        f"agents.{name}.{fld}",
+                    )
+    return spec
+
+
+def load_meg(
+    path: str | Path,
+    *,
+    known_rewards: Collection[str] | None = None,
+    check_models: bool = True,
+) -> MEGSpec:
+    """Read, build and validate a MEG config file."""
+    p = Path(path)
+    source = str(p)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise MEGError("no such file", source=source) from None
+    except OSError as e:
+        raise MEGError(f"cannot read: {e.strerror}", source=source) from None
+    spec = build_spec(parse_yaml(text, source), source)
+    return validate(spec, source=source, known_rewards=known_rewards, check_models=check_models)

@@ -1,0 +1,160 @@
+"""The typed MEG spec: what a user writes in YAML, validated by pydantic.
+
+The models are frozen and forbid unknown keys, so a typo (`max_token:`) is an error that names
+the field instead of a silently ignored setting. Prefect renders these same models as the
+deployment form in its UI, which is why the user-facing config is pydantic and not dataclasses.
+
+Cross-field rules (unknown agent, cycle, template placeholder that is not a parent, ...) live
+in `meg.validate`, because they need the whole graph and the registries of the caller.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SamplingSpec(_Frozen):
+    """Sampling defaults of an agent; a node may override `max_tokens`."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(32, ge=1)
+
+
+class OptimSpec(_Frozen):
+    lr: float = Field(1e-5, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+
+
+class LossSpec(_Frozen):
+    """Names resolve through the training engine's registries (checked when training starts)."""
+
+    advantage: str = "grpo"
+    policy_loss: str = "grpo"
+    aggregation: str = "token-mean"
+    clip_eps: float = Field(0.2, gt=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+
+
+class PlacementSpec(_Frozen):
+    """Hints for the balancer and the slot manager. `None` means: decide from measured load."""
+
+    rollout_hosts: int | None = Field(None, ge=1)
+    train_slot: str | None = None
+
+
+class AgentSpec(_Frozen):
+    """A trainable policy: its own weights, optimizer and sampling defaults."""
+
+    model: str = Field(description="Local model directory or Hugging Face hub name.")
+    tokenizer: str | None = Field(None, description="Defaults to `model`.")
+    backend: Literal["vllm", "hf"] = "vllm"
+    sampling: SamplingSpec = SamplingSpec()
+    optim: OptimSpec = OptimSpec()
+    loss: LossSpec = LossSpec()
+    placement: PlacementSpec = PlacementSpec()
+    lora: bool = False
+
+
+class NodeSpec(_Frozen):
+    """One invocation of one agent per (episode, fan-out branch), producing `n` samples.
+
+    `inputs` maps a parent node to its fan-out rule: `per_sample` runs this node once per
+    sample of that parent (a tree); `all`, `first` and `best` run it once over an aggregate of
+    that parent's samples. At most one input may be `per_sample`: it drives the fan-out.
+    """
+
+    agent: str
+    template: str
+    n: int = Field(1, description="Samples per invocation: the GRPO group size.")
+    max_tokens: int | None = Field(None, ge=1)
+    inputs: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("n")
+    @classmethod
+    def _n_positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"n must be at least 1 (got {v}); it is the number of samples")
+        return v
+
+
+class RewardSpec(_Frozen):
+    """A registered reward function bound to a node; `params` are passed as keywords."""
+
+    fn: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExchangeSpec(_Frozen):
+    """A multi-turn exchange between agents, unrolled into nodes `{agent}@{round}`.
+
+    Round 1 uses `first_template`; round r > 1 uses `reply_template`, where `{self}` is the
+    agent's own previous turn (per-sample: each of its samples continues its own thread) and
+    `{other}` is the other agents' previous turns (aggregated with `other_fanout`).
+    """
+
+    agents: list[str] = Field(min_length=2)
+    rounds: int = Field(2, ge=1)
+    n: int = Field(1, ge=1)
+    first_template: str
+    reply_template: str
+    other_fanout: str = "first"
+    max_tokens: int | None = Field(None, ge=1)
+
+
+class DatasetSpec(_Frozen):
+    """Either a registered synthetic `generator` or a JSONL/Parquet file at any fsspec `url`."""
+
+    generator: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    url: str | None = None
+    question_field: str = "question"
+    answer_field: str = "answer"
+    train_size: int = Field(512, ge=1)
+    eval_size: int = Field(64, ge=0)
+    seed: int = 0
+    question_tokens: int = Field(16, ge=1, description="Estimate used by `meg show` only.")
+
+
+class RunSpec(_Frozen):
+    """Run-level defaults; every one can be overridden on the command line."""
+
+    steps: int = Field(10, ge=1)
+    episodes_per_step: int = Field(8, ge=1)
+    micro_batches: int = Field(2, ge=1)
+    mode: Literal["sync", "flex", "async"] = "flex"
+    staleness: int = Field(0, ge=0)
+    window: int = Field(2, ge=1, description="Steps compiled ahead into the task graph.")
+    checkpoint_every: int = Field(0, ge=0, description="0: only at the end.")
+    seed: int = 0
+
+
+class MEGSpec(_Frozen):
+    """A whole multi-agent execution graph with its rewards, data and run defaults."""
+
+    name: str
+    description: str = ""
+    agents: dict[str, AgentSpec]
+    nodes: dict[str, NodeSpec] = Field(default_factory=dict)
+    exchanges: dict[str, ExchangeSpec] = Field(default_factory=dict)
+    rewards: dict[str, RewardSpec] = Field(default_factory=dict)
+    team_nodes: list[str] | None = Field(
+        None, description="Nodes whose mean reward is the team reward; default: the sinks."
+    )
+    dataset: DatasetSpec = DatasetSpec(generator="arithmetic")
+    run: RunSpec = RunSpec()
+
+    def node_max_tokens(self, node: str) -> int:
+        spec = self.nodes[node]
+        return spec.max_tokens or self.agents[spec.agent].sampling.max_tokens

@@ -1,0 +1,304 @@
+"""One agent's table: write segments and scores, list committed segments, read rows.
+
+Score segments: segments are immutable, so the scoring task writes rewards/advantages as
+a separate segment ``<key id>.scores`` per (step, micro-batch). ``read`` joins them onto
+rows by ``sample_id``; unscored rows keep NaN. A sample scored twice with different values
+is an error (naming both segments), never a silent pick.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from storage import segments as seg
+from storage.errors import StoreError
+from storage.manifest import (
+    TABLE_FORMAT,
+    SegmentInfo,
+    check_manifest,
+    dumps,
+    marker_bytes,
+    new_attempt_id,
+    new_manifest,
+    parse_marker,
+    parse_segment_id,
+    per_process_message,
+    read_json,
+    segment_id_for,
+)
+from storage.schema import SampleBatch, SegmentKey
+
+if TYPE_CHECKING:
+    from storage.store import MEGStore
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRef:
+    """Small picklable handle to one committed segment, passed between tasks."""
+
+    url: str
+    run_id: str
+    agent: str
+    segment_id: str
+    kind: str  # "rows" | "scores"
+    rows: int
+    versions: tuple[int, ...]
+    pid: int  # writer process; meaningful for memory:// (per-process) only
+
+
+class Table:
+    def __init__(self, store: MEGStore, agent: str) -> None:
+        self.store = store
+        self.agent = agent
+        self.b = store.backend
+        self._infos: dict[str, SegmentInfo] = {}  # committed markers are immutable: cache
+        self.last_marker_s = 0.0
+        path = self._p("table.json")
+        try:
+            manifest = read_json(self.b, path, "table manifest")
+        except FileNotFoundError:
+            self.b.put_if_absent(path, new_manifest(TABLE_FORMAT, agent=agent))
+            manifest = read_json(self.b, path, "table manifest")
+        check_manifest(self.b, path, manifest, TABLE_FORMAT)
+
+    def _p(self, *parts: str) -> str:
+        return self.b.join(self.store.run_id, self.agent, *parts)
+
+    def ref(self, info: SegmentInfo) -> SegmentRef:
+        s = self.store
+        return SegmentRef(
+            s.url, s.run_id, self.agent, info.segment_id, info.kind, info.rows, info.versions, s.pid
+        )
+
+    # -- writing -------------------------------------------------------------------------
+    def write_segment(self, key: SegmentKey, batch: SampleBatch) -> SegmentRef:
+        """Commit ``batch`` as segment ``key``; a retry of a committed key returns the first."""
+        if len(batch) and (np.any(batch.step != key.step) or np.any(batch.node != key.node)):
+            raise StoreError(
+                f"rows for segment {key.id} must all have step={key.step} and node={key.node!r}"
+            )
+        versions = tuple(int(v) for v in np.unique(batch.policy_version))
+        return self._commit(key, "rows", len(batch), versions, batch.columns())
+
+    def write_scores(
+        self, key: SegmentKey, sample_ids: Any, reward: Any, advantage: Any
+    ) -> SegmentRef:
+        ids = np.asarray(sample_ids, dtype=np.str_).reshape(-1)
+        r = np.asarray(reward, dtype=np.float32).reshape(-1)
+        a = np.asarray(advantage, dtype=np.float32).reshape(-1)
+        if not (len(ids) == len(r) == len(a)):
+            raise StoreError(
+                f"scores for {key.id}: sample_ids ({len(ids)}), reward ({len(r)}) and "
+                f"advantage ({len(a)}) must have the same length"
+            )
+        if len(np.unique(ids)) != len(ids):
+            raise StoreError(f"scores for {key.id}: sample_ids must be unique")
+        cols = {"sample_id": ids, "reward": r, "advantage": a}
+        return self._commit(key, "scores", len(ids), (), cols)
+
+    def _commit(
+        self,
+        key: SegmentKey,
+        kind: str,
+        rows: int,
+        versions: tuple[int, ...],
+        columns: dict[str, np.ndarray],
+    ) -> SegmentRef:
+        self.store.check_process()
+        sid = segment_id_for(key, kind)
+        if (done := self._maybe_info(sid)) is not None:
+            return self.ref(done)
+        attempt = new_attempt_id()
+        folder = self._p("segments", sid, attempt)
+        attrs = {"segment_id": sid, "attempt": attempt, "kind": kind}
+        self.b.put_files(folder, seg.encode(columns, kind, attrs))  # all data, then the marker
+        t0 = time.perf_counter()
+        info = SegmentInfo(
+            sid, kind, key.step, key.micro_batch, key.node, rows, versions, attempt, time.time()
+        )
+        won = self.b.put_if_absent(self._p("commits", sid + ".json"), marker_bytes(info))
+        self.last_marker_s = time.perf_counter() - t0  # the commit point itself (benchmarks)
+        if won:
+            self._infos[sid] = info
+            return self.ref(info)
+        self.b.rm_tree(folder)  # another attempt committed first: ours is never visible
+        return self.ref(self._info(sid))
+
+    # -- listing -------------------------------------------------------------------------
+    def _info(self, sid: str) -> SegmentInfo:
+        info = self._maybe_info(sid)
+        if info is None:
+            path = self.b.url_of(self._p("commits", sid + ".json"))
+            raise StoreError(
+                f"segment {sid} of table {self.agent!r} is missing: not committed "
+                f"(no marker at {path})"
+            )
+        return info
+
+    def _maybe_info(self, sid: str) -> SegmentInfo | None:
+        if sid in self._infos:
+            return self._infos[sid]
+        path = self._p("commits", sid + ".json")
+        try:
+            info = parse_marker(self.b, path, sid)
+        except FileNotFoundError:
+            return None
+        self._infos[sid] = info
+        return info
+
+    def has_segment(self, key: SegmentKey, *, kind: str = "rows") -> SegmentInfo | None:
+        """The committed segment ``key`` (of ``kind``), or None: one small object read, no
+        listing — the cheap "already committed by an earlier attempt?" check for a task."""
+        self.store.check_process()
+        if kind not in ("rows", "scores"):
+            raise StoreError(f"segment kind must be 'rows' or 'scores', got {kind!r}")
+        return self._maybe_info(segment_id_for(key, kind))
+
+    def segments(
+        self,
+        *,
+        step: int | None = None,
+        node: str | None = None,
+        micro_batch: int | None = None,
+        kind: str = "rows",
+    ) -> list[SegmentInfo]:
+        """Committed segments matching the filters, sorted by id (step, micro-batch, node)."""
+        self.store.check_process()
+        out = []
+        for name in self.b.listdir(self._p("commits")):
+            if not name.endswith(".json"):
+                continue
+            sid = name[: -len(".json")]
+            try:
+                key, k = parse_segment_id(sid)
+            except ValueError:
+                raise StoreError(
+                    f"unexpected file in commits: {self.b.url_of(self._p('commits', name))}"
+                ) from None
+            if (
+                k != kind
+                or (step is not None and key.step != step)
+                or (node is not None and key.node != node)
+            ):
+                continue
+            if micro_batch is not None and key.micro_batch != micro_batch:
+                continue
+            out.append(self._info(sid))
+        return out
+
+    # -- reading -------------------------------------------------------------------------
+    def read(
+        self,
+        *,
+        step: int | None = None,
+        node: str | None = None,
+        micro_batch: int | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        segments: Sequence[str | SegmentRef] | None = None,
+    ) -> SampleBatch:
+        """Rows of committed segments (filters combine with AND), scores joined on.
+
+        ``segments`` names exact segments (ids or refs); one that is not committed is an error.
+        """
+        if segments is not None:
+            infos = [i for i in (self._info(self._sid(s)) for s in segments) if i.kind == "rows"]
+        else:
+            infos = self.segments(step=step, node=node, micro_batch=micro_batch)
+        batches = seg.read_many([self._job(i) for i in infos], "rows")
+        batch = SampleBatch.concat(batches)
+        pairs = {(i.step, i.micro_batch) for i in infos}
+        scores = [
+            s for s in self.segments(kind="scores", step=step) if (s.step, s.micro_batch) in pairs
+        ]
+        batch = self._join_scores(batch, scores)
+        keep = np.ones(len(batch), bool)
+        if min_version is not None:
+            keep &= batch.policy_version >= min_version
+        if max_version is not None:
+            keep &= batch.policy_version <= max_version
+        return batch if keep.all() else batch.take(keep)
+
+    def _sid(self, s: str | SegmentRef) -> str:
+        if isinstance(s, SegmentRef):
+            if s.url.startswith("memory://") and s.pid != os.getpid():
+                raise StoreError(per_process_message(s.url))
+            return s.segment_id
+        return s
+
+    def _job(self, info: SegmentInfo) -> tuple[Any, str, int]:
+        folder = self._p("segments", info.segment_id, info.attempt)
+        return self.b.zarr_store(folder, read_only=True), self.b.url_of(folder), info.rows
+
+    def _join_scores(self, batch: SampleBatch, infos: list[SegmentInfo]) -> SampleBatch:
+        if not infos or not len(batch):
+            return batch
+        reward, adv = batch.reward.copy(), batch.advantage.copy()
+        index = {sid: i for i, sid in enumerate(batch.sample_id.tolist())}
+        source: dict[int, str] = {}
+        for info, cols in zip(
+            infos, seg.read_many([self._job(i) for i in infos], "scores"), strict=True
+        ):
+            for sid, r, a in zip(
+                cols["sample_id"].tolist(), cols["reward"], cols["advantage"], strict=True
+            ):
+                i = index.get(sid)
+                if i is None:
+                    continue
+                if i in source and (reward[i], adv[i]) != (r, a):
+                    raise StoreError(
+                        f"sample {sid} has different scores in segments {source[i]} and "
+                        f"{info.segment_id} of table {self.agent!r}"
+                    )
+                reward[i], adv[i], source[i] = r, a, info.segment_id
+        return batch.replace(reward=reward, advantage=adv)
+
+    # -- consumption log -----------------------------------------------------------------
+    def record_consumption(
+        self,
+        step: int,
+        segment_ids: list[str],
+        versions: list[int],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Write ``consumed/{step}.json`` once; an identical re-record (a retry) is a no-op."""
+        for sid in segment_ids:
+            self._info(sid)
+        record = {
+            "step": int(step),
+            "agent": self.agent,
+            "segments": sorted(segment_ids),
+            "versions": sorted({int(v) for v in versions}),
+            "extra": extra or {},
+            "recorded_at": time.time(),
+        }
+        path = self._p("consumed", f"{int(step)}.json")
+        if self.b.put_if_absent(path, dumps(record)):
+            return
+        old = read_json(self.b, path, "consumption record")
+        if (old.get("segments"), old.get("versions")) != (record["segments"], record["versions"]):
+            raise StoreError(
+                f"step {step} of table {self.agent!r} was already recorded as consuming other "
+                f"segments/versions at {self.b.url_of(path)}; it is left unchanged"
+            )
+
+    def consumption(self, step: int) -> dict[str, Any] | None:
+        try:
+            return read_json(self.b, self._p("consumed", f"{int(step)}.json"), "consumption record")
+        except FileNotFoundError:
+            return None
+
+    def consumption_log(self) -> dict[int, dict[str, Any]]:
+        out = {}
+        for name in self.b.listdir(self._p("consumed")):
+            if name.endswith(".json") and name[:-5].isdigit():
+                record = self.consumption(int(name[:-5]))
+                if record is not None:
+                    out[int(name[:-5])] = record
+        return dict(sorted(out.items()))

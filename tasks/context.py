@@ -1,0 +1,74 @@
+"""What every task of one run needs to know, as one small frozen, picklable value.
+
+Tasks receive a `RunContext` and references; they never receive tensors or text. Anything
+heavy (a store handle, a tokenizer, a model host, a trainer) is rebuilt or found in the
+worker-local caches of `tasks.worker`, keyed by the context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from meg import MEGSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    run_id: str
+    store_url: str
+    spec: MEGSpec
+    mode: str = "flex"  # sync | flex | async
+    staleness: int = 0
+    seed: int = 0
+    train_slots: int = 2
+    checkpoint_every: int = 1
+    storage_options: dict[str, Any] | None = None
+
+    @property
+    def state_url(self) -> str:
+        """StateStore root: published weights, swapped-out trainer states, checkpoints."""
+        return f"{self.store_url.rstrip('/')}/{self.run_id}/_state"
+
+    def checkpoint_root(self, agent: str) -> str:
+        return f"{self.store_url.rstrip('/')}/{self.run_id}/_checkpoints/{agent}"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One task run's interval on one worker: the pipeline timeline is made of these."""
+
+    phase: str  # generate | score | train | step
+    agent: str
+    step: int
+    micro_batch: int
+    worker: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class Stopwatch:
+    phase: str
+    agent: str
+    step: int
+    micro_batch: int = -1
+    start: float = field(default_factory=time.time)
+
+    def done(self) -> Timing:
+        from tasks.worker import worker_name
+
+        return Timing(
+            self.phase,
+            self.agent,
+            self.step,
+            self.micro_batch,
+            worker_name(),
+            self.start,
+            time.time(),
+        )

@@ -1,0 +1,263 @@
+"""The generate task: one (node, step, micro-batch) of dependency-parallel sampling.
+
+Unpack → read the parents' committed segments → plan invocations with the MEG's own fan-out
+rules → splice prompts as token ids → sample on this worker's resident host → commit one
+segment → return a small `GenRef`. A child task starts the moment its parents' segments of
+the same micro-batch are committed: that is the whole dependency-parallel sampler.
+
+A retried or resumed task finds its segment already committed and returns it unchanged, so a
+segment is generated at most once per run (counted as `resumed`).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from prefect import task
+
+from engines.rollout.base import RolloutError, SamplingParams
+from engines.rollout.prompting import render_ids
+from engines.training.publish import latest_published, weights_key
+from meg.expand import SampleInfo, expand_episode, plan_invocations
+from storage.schema import SampleBatch, SegmentKey
+from storage.state import Host as HostMem
+from storage.table import SegmentRef
+from tasks.context import RunContext, Stopwatch, Timing
+from tasks.worker import host_of, state_of, store_of, tokenizer, tokenizer_of
+from workloads.datasets import TaskItem
+
+Episode = tuple[str, TaskItem]  # (episode id, task)
+
+
+@dataclass(frozen=True, slots=True)
+class GenRef:
+    node: str
+    agent: str
+    step: int
+    micro_batch: int
+    segment: SegmentRef
+    rows: int
+    decode_tokens: int
+    versions: tuple[int, ...]
+    resumed: bool
+    timing: Timing
+
+
+def episode_id(step: int, index: int) -> str:
+    return f"k{step}e{index}"
+
+
+def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a crashed host or worker, never a user error (prompt too long, bad model dir)."""
+    try:
+        state.result()
+    except RolloutError as e:
+        from engines.rollout.base import HostCrashedError
+
+        return isinstance(e, HostCrashedError)
+    except Exception:
+        return True
+    return False
+
+
+@lru_cache(maxsize=4096)
+def _encode_cached(path: str, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(path)(text, add_special_tokens=False)["input_ids"])
+
+
+def ensure_weights(ctx: RunContext, host: Any, agent: str, min_version: int) -> int:
+    """Bring the host to the newest published version (≥ `min_version`); return it."""
+    if min_version == 0 and host.version == 0:
+        return 0
+    state = state_of(ctx)
+    latest = latest_published(state, agent)
+    if latest is None or latest < min_version:
+        raise RuntimeError(
+            f"agent {agent!r}: version {min_version} is required but the newest published "
+            f"is {latest}; the optimizer-step task should have published it"
+        )
+    host.ensure_version(latest, lambda: state.get(weights_key(agent, latest), to=HostMem())[0])
+    return int(host.version)
+
+
+def _parent_infos(
+    ctx: RunContext, node: str, step: int, mb: int
+) -> tuple[dict[str, SampleBatch], dict[str, int]]:
+    """Committed rows of each input node for (step, micro-batch), and row index by sample id."""
+    spec, st = ctx.spec, store_of(ctx)
+    batches: dict[str, SampleBatch] = {}
+    index: dict[str, int] = {}
+    for parent in spec.nodes[node].inputs:
+        b = st.table(spec.nodes[parent].agent).read(step=step, node=parent, micro_batch=mb)
+        batches[parent] = b
+        index.update({str(s): i for i, s in enumerate(b.sample_id)})
+    return batches, index
+
+
+def plan_prompts(
+    ctx: RunContext, node: str, step: int, mb: int, episodes: tuple[Episode, ...]
+) -> tuple[list[Any], list[list[int]]]:
+    """Invocation plans (with lineage-correct inputs) and their prompt token ids."""
+    spec = ctx.spec
+    nspec = spec.nodes[node]
+    agent = spec.agents[nspec.agent]
+    tok_path = agent.tokenizer or agent.model
+    tok = tokenizer(tok_path)
+    batches, index = _parent_infos(ctx, node, step, mb)
+    newline = _encode_cached(tok_path, "\n")
+    plans, prompts = [], []
+    for eid, item in episodes:
+        symbolic = expand_episode(spec, eid).samples  # lineage is structural
+        parent_samples: dict[str, list[SampleInfo]] = {}
+        for parent in nspec.inputs:
+            b = batches[parent]
+            infos = []
+            for s in symbolic[parent]:
+                if s.id not in index:
+                    raise RuntimeError(f"sample {s.id} of parent {parent!r} is not in the store")
+                lp = b.logprob(index[s.id])
+                infos.append(
+                    SampleInfo(s.id, parent, s.lineage, float(np.mean(lp)) if len(lp) else 0.0)
+                )
+            parent_samples[parent] = infos
+        for plan in plan_invocations(node, nspec, parent_samples, eid):
+            shown: dict[str, list[list[int]]] = {}
+            for parent, samples in plan.inputs:
+                pa = spec.agents[spec.nodes[parent].agent]
+                same_tok = (pa.tokenizer or pa.model) == tok_path
+                resp = [batches[parent].response(index[s.id]).tolist() for s in samples]
+                if not same_tok:  # different vocabularies: text is the only common ground
+                    ptok = tokenizer(pa.tokenizer or pa.model)
+                    resp = [
+                        list(_encode_cached(tok_path, ptok.decode(r, skip_special_tokens=True)))
+                        for r in resp
+                    ]
+                shown[parent] = resp
+            ids = render_ids(
+                nspec.template,
+                item.question,
+                shown,
+                lambda t: list(_encode_cached(tok_path, t)),
+                eos_id=tok.eos_token_id,
+                newline_ids=newline,
+            )
+            plans.append(plan)
+            prompts.append(ids)
+    return plans, prompts
+
+
+def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingParams:
+    spec = ctx.spec
+    nspec = spec.nodes[node]
+    agent = spec.agents[nspec.agent]
+    eos = tokenizer_of(ctx, nspec.agent).eos_token_id
+    seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}".encode())
+    return SamplingParams(
+        n=nspec.n,
+        temperature=agent.sampling.temperature,
+        top_p=agent.sampling.top_p,
+        max_tokens=spec.node_max_tokens(node),
+        seed=seed,
+        stop_token_ids=(eos,) if eos is not None else (),
+    )
+
+
+def generate_segment(
+    ctx: RunContext,
+    node: str,
+    step: int,
+    mb: int,
+    episodes: tuple[Episode, ...],
+    min_version: int,
+) -> GenRef:
+    spec = ctx.spec
+    agent_name = spec.nodes[node].agent
+    watch = Stopwatch("generate", agent_name, step, mb)
+    table = store_of(ctx).table(agent_name)
+    done = table.has_segment(SegmentKey(step, mb, node))
+    if done is not None:  # committed by an earlier attempt or an earlier (killed) run
+        ref = table.ref(done)
+        b = table.read(segments=[ref])
+        return GenRef(
+            node,
+            agent_name,
+            step,
+            mb,
+            ref,
+            len(b),
+            int(b.response_lengths.sum()),
+            ref.versions,
+            True,
+            watch.done(),
+        )
+    host = host_of(ctx, agent_name)
+    version = ensure_weights(ctx, host, agent_name, min_version)
+    plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
+    params = sampling_for(ctx, node, step, mb)
+    t0 = time.time()
+    completions = host.generate(prompts, params)
+    t1 = time.time()
+    rows = []
+    for plan, prompt, outs in zip(plans, prompts, completions, strict=True):
+        for sid, c in zip(plan.sample_ids(params.n), outs, strict=True):
+            rows.append(
+                {
+                    "sample_id": sid,
+                    "group_id": plan.group_id,
+                    "parent_ids": plan.parent_ids(),
+                    "node": node,
+                    "episode": plan.episode,
+                    "step": step,
+                    "policy_version": version,
+                    "prompt_ids": prompt,
+                    "response_ids": list(c.response_ids),
+                    "logprobs": list(c.logprobs),
+                    "finish_reason": c.finish_reason,
+                    "gen_start": t0,
+                    "gen_end": t1,
+                }
+            )
+    batch = SampleBatch.from_rows(rows)
+    ref = table.write_segment(SegmentKey(step, mb, node), batch)
+    return GenRef(
+        node,
+        agent_name,
+        step,
+        mb,
+        ref,
+        len(batch),
+        int(batch.response_lengths.sum()),
+        ref.versions,
+        False,
+        watch.done(),
+    )
+
+
+@task(
+    name="generate",
+    retries=2,
+    retry_delay_seconds=0.5,
+    retry_condition_fn=_retry_on_crash,
+    task_run_name="generate {node} k={step} mb={mb}",
+    persist_result=False,
+)
+def generate(
+    ctx: RunContext,
+    node: str,
+    step: int,
+    mb: int,
+    episodes: tuple[Episode, ...],
+    weights: Any = None,
+    base_version: int = 0,
+    after: tuple[Any, ...] = (),
+) -> GenRef:
+    """`weights` is the optimizer step (a `StepRef`) whose published version this node needs
+    at least (None: `base_version`, the agent's version when the run started). `after` only
+    carries dependencies (the parents' GenRefs); the data itself is read from the store."""
+    min_version = weights.version if weights is not None else base_version
+    return generate_segment(ctx, node, step, mb, episodes, min_version)

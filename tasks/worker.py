@@ -1,0 +1,113 @@
+"""Worker-local state: one copy per Dask worker process, found by key, never shipped.
+
+This is an importable module on purpose (a dict defined in `__main__` would be pickled into
+every task and the models reloaded on each call, see ENVIRONMENT.md). Everything here is a
+cache that can be rebuilt from the store and the StateStore: losing a worker loses no data.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any
+
+from storage.state import Host, StateStore
+from storage.store import MEGStore
+from tasks.context import RunContext
+from workloads.datasets import Splits, load_dataset
+
+_LOCK = threading.Lock()
+_SLOTS: dict[tuple[str, str], Any] = {}
+
+
+def worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except ValueError:  # not inside a Dask worker
+        return f"local-{os.getpid()}"
+
+
+@functools.lru_cache(maxsize=16)
+def store(url: str, run_id: str) -> MEGStore:
+    return MEGStore.open(url, run_id)
+
+
+def store_of(ctx: RunContext) -> MEGStore:
+    if ctx.storage_options:
+        return MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
+    return store(ctx.store_url, ctx.run_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _state(url: str) -> StateStore:
+    return StateStore(url)
+
+
+def state_of(ctx: RunContext) -> StateStore:
+    if ctx.storage_options:
+        return StateStore(ctx.state_url, ctx.storage_options)
+    return _state(ctx.state_url)
+
+
+@functools.lru_cache(maxsize=32)
+def tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    from meg.load import HUB_PREFIX
+
+    return AutoTokenizer.from_pretrained(path.removeprefix(HUB_PREFIX))
+
+
+def tokenizer_of(ctx: RunContext, agent: str) -> Any:
+    a = ctx.spec.agents[agent]
+    return tokenizer(a.tokenizer or a.model)
+
+
+@functools.lru_cache(maxsize=8)
+def _splits(spec_json: str) -> Splits:
+    from meg.spec import DatasetSpec
+
+    return load_dataset(DatasetSpec.model_validate_json(spec_json))
+
+
+def splits_of(ctx: RunContext) -> Splits:
+    return _splits(ctx.spec.dataset.model_dump_json())
+
+
+def slots_of(ctx: RunContext) -> Any:
+    """This worker's SlotManager for the run: `train_slots` slots, states offloaded to host."""
+    from engines.training.slots import SlotManager
+
+    key = (ctx.run_id, ctx.store_url)
+    if key not in _SLOTS:
+        forget_other_runs(ctx.run_id)
+    with _LOCK:
+        if key not in _SLOTS:
+            _SLOTS[key] = SlotManager(ctx.train_slots, state_of(ctx), offload_to=Host())
+        return _SLOTS[key]
+
+
+def host_of(ctx: RunContext, agent: str) -> Any:
+    """This worker's model host for `agent` in this run.
+
+    Hosts are keyed by run: a long-lived cluster (tests, a deployment's Dask cluster) serves
+    run after run, and a host still holding another run's weights must never serve this one.
+    Hosts of other runs are dropped when a new run first asks, so memory does not grow."""
+    from engines.rollout.hosts import drop_host, get_host, hosted_agents
+
+    key = f"{ctx.run_id}/{agent}"
+    for other in hosted_agents():
+        if not other.startswith(f"{ctx.run_id}/"):
+            drop_host(other)
+    spec = ctx.spec.agents[agent]
+    return get_host(key, spec.backend, spec.model.removeprefix("hf://"))
+
+
+def forget_other_runs(run_id: str) -> None:
+    """Drop the trainers of other runs (frees memory in long-lived workers)."""
+    with _LOCK:
+        for key in [k for k in _SLOTS if k[0] != run_id]:
+            del _SLOTS[key]

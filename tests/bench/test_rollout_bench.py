@@ -1,0 +1,42 @@
+"""The rollout benchmark's --small run: keys and sanity, never timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.rollout import main
+
+
+@pytest.mark.slow
+def test_rollout_bench_small_writes_all_metrics(tmp_path: Path) -> None:
+    out = tmp_path / "rollout.json"
+    r = main(["--small", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(r))
+    for key in (
+        "vllm_tok_s",
+        "hf_tok_s",
+        "balance_speedup",
+        "vllm_after_update_ratio",
+        "vllm_update_s",
+        "vllm_load_s",
+        "ratio_vs_direct_vllm",
+        "task_tok_s",
+        "direct_tok_s",
+    ):
+        assert r[key] > 0, key
+    # an updated engine holds the same weights as the fresh one: same samples
+    assert r["after_update_same_outputs"] is True
+    # task path and direct vLLM were given the same prompts and seeds: same tokens
+    assert r["task_same_tokens"] is True
+    assert r["task_batch"]["sequences"] == 16 * 4  # 16 episodes x n=4 of the solve node
+    assert 0 < r["task_batch"]["tokens_per_call"] <= 16 * 4 * r["task_batch"]["max_tokens"]
+    assert set(r["off"]["idle_fraction"]) == {f"host{i}" for i in range(r["hosts"])}
+    for arm in ("off", "on"):
+        assert all(0.0 <= f < 1.0 for f in r[arm]["idle_fraction"].values())
+        assert sum(r[arm]["final_hosts"].values()) == r["hosts"]
+    assert r["off"]["final_hosts"] == {"planner": 2, "solver": 1, "verifier": 1}
+    assert r["on"]["final_hosts"]["solver"] == 2  # the heavy agent got the spare host
+    assert r["off"]["swaps"] == 0 and r["on"]["swaps"] >= 1

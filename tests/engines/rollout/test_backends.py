@@ -1,0 +1,199 @@
+"""One conformance suite, run against every backend (hf, vllm) on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engines.rollout import (
+    BadRequestError,
+    Completion,
+    ModelNotFoundError,
+    PromptTooLongError,
+    RolloutBackend,
+    SamplingParams,
+    UnknownBackendError,
+    WeightUpdateError,
+    known_backends,
+    make_backend,
+)
+
+PROMPTS = [[1, 51, 28], [1, 40, 41, 42, 43, 44, 45, 46], [1]]
+
+
+def forward_logprobs(model_dir: Path, prompt: list[int], response: tuple[int, ...]) -> torch.Tensor:
+    """What a trainer computes: log_softmax of one plain forward pass, temperature 1."""
+    model = _ref_model(str(model_dir))
+    ids = torch.tensor([prompt + list(response)])  # (1, T)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits.float(), -1)[0]  # (T, V)
+    pos = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
+    return logp[pos, torch.tensor(response)]  # (len(response),)
+
+
+_REF: dict = {}
+
+
+def _ref_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    if path not in _REF:
+        _REF[path] = AutoModelForCausalLM.from_pretrained(path).eval()
+    return _REF[path]
+
+
+def test_registry_lists_both_backends() -> None:
+    assert {"hf", "vllm"} <= set(known_backends())
+
+
+def test_unknown_backend_lists_known(tiny_model_dir: Path) -> None:
+    with pytest.raises(UnknownBackendError, match=r"'sglang'.*known backends: hf, vllm"):
+        make_backend("sglang", tiny_model_dir)
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_missing_model_dir_names_path(name: str, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ModelNotFoundError, match=str(missing)):
+        make_backend(name, missing)
+
+
+def test_shapes_n_samples_and_finish_reasons(backend: RolloutBackend) -> None:
+    out = backend.generate(PROMPTS, SamplingParams(n=3, max_tokens=12, seed=0))
+    assert len(out) == len(PROMPTS)
+    for per_prompt in out:
+        assert len(per_prompt) == 3
+        for c in per_prompt:
+            assert isinstance(c, Completion)
+            assert 1 <= len(c.response_ids) <= 12
+            assert len(c.logprobs) == len(c.response_ids)
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert c.finish_reason == ("length" if len(c.response_ids) == 12 else "stop")
+    assert backend.generate([], SamplingParams()) == []
+
+
+def test_stop_token_ends_with_stop_and_is_kept(backend: RolloutBackend) -> None:
+    every_token = tuple(range(3, 512))  # any non-special token stops generation
+    out = backend.generate(
+        [[1, 51, 28]], SamplingParams(n=4, max_tokens=20, seed=1, stop_token_ids=every_token)
+    )
+    for c in out[0]:
+        assert c.finish_reason == "stop"
+        assert len(c.response_ids) == 1 and c.response_ids[0] in every_token
+
+
+def test_logprobs_match_a_forward_pass(backend: RolloutBackend, tiny_model_dir: Path) -> None:
+    # sampled at temperature 0.7 / top-p 0.9, yet logprobs are the raw model's (temperature 1)
+    params = SamplingParams(n=2, max_tokens=16, temperature=0.7, top_p=0.9, seed=3)
+    out = backend.generate(PROMPTS, params)
+    for prompt, comps in zip(PROMPTS, out, strict=True):
+        for c in comps:
+            ref = forward_logprobs(tiny_model_dir, prompt, c.response_ids)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-3, rtol=0)
+
+
+def test_seed_reproduces_samples_and_samples_differ(backend: RolloutBackend) -> None:
+    p = SamplingParams(n=4, max_tokens=10, seed=7)
+    a = backend.generate(PROMPTS, p)
+    assert backend.generate(PROMPTS, p) == a
+    assert backend.generate(PROMPTS, SamplingParams(n=4, max_tokens=10, seed=8)) != a
+    assert len({c.response_ids for c in a[0]}) > 1  # the n samples of one prompt differ
+    # two equal prompts in one batch draw different samples
+    twin = backend.generate([PROMPTS[0], PROMPTS[0]], SamplingParams(max_tokens=10, seed=7))
+    assert twin[0][0].response_ids != twin[1][0].response_ids
+
+
+def test_prompt_longer_than_context_is_a_clear_error(backend: RolloutBackend) -> None:
+    ctx = backend.max_context()
+    assert ctx == 512
+    with pytest.raises(PromptTooLongError, match=rf"prompt 1 has {ctx} tokens.*context is {ctx}"):
+        backend.generate([[1], [1] * ctx], SamplingParams())
+
+
+def test_budget_is_capped_by_context(backend: RolloutBackend) -> None:
+    ctx = backend.max_context()
+    out = backend.generate(
+        [[1] * (ctx - 5)], SamplingParams(max_tokens=64, seed=0, stop_token_ids=())
+    )
+    c = out[0][0]
+    assert len(c.response_ids) <= 5
+    assert c.finish_reason == ("length" if len(c.response_ids) == 5 else "stop")
+
+
+def test_bad_requests(backend: RolloutBackend) -> None:
+    with pytest.raises(BadRequestError, match="prompt 0 is empty"):
+        backend.generate([[]], SamplingParams())
+    with pytest.raises(BadRequestError, match=r"outside \[0, 512\)"):
+        backend.generate([[1, 9999]], SamplingParams())
+    with pytest.raises(BadRequestError, match="n must be >= 1"):
+        SamplingParams(n=0)
+    with pytest.raises(BadRequestError, match="temperature must be > 0"):
+        SamplingParams(temperature=0)
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_weight_update_changes_outputs_and_bumps_version(
+    name: str, tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    b = make_backend(name, tiny_model_dir)
+    assert b.version == 0
+    params = SamplingParams(n=2, max_tokens=12, seed=11)
+    before = b.generate(PROMPTS, params)
+    new = load_file(str(tiny_model_dir_b / "model.safetensors"))
+    b.update_weights(new, version=1)
+    assert b.version == 1
+    after = b.generate(PROMPTS, params)
+    assert after != before
+    # the new logprobs are those of the new weights
+    c = after[0][0]
+    ref = forward_logprobs(tiny_model_dir_b, PROMPTS[0], c.response_ids)
+    torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-3, rtol=0)
+
+    with pytest.raises(WeightUpdateError, match="version 1 is not newer than the loaded version 1"):
+        b.update_weights(new, version=1)
+    partial = {k: v for k, v in new.items() if not k.startswith("lm_head")}
+    with pytest.raises(WeightUpdateError, match=r"missing \['lm_head.weight'\]"):
+        b.update_weights(partial, version=2)
+    wrong = dict(new, **{"lm_head.weight": torch.zeros(3, 3)})
+    with pytest.raises(WeightUpdateError, match=r"lm_head\.weight.*shape"):
+        b.update_weights(wrong, version=2)
+    assert b.version == 1
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_updated_engine_matches_fresh_engine_with_same_weights(
+    name: str, tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    """An in-place update leaves no trace: after X→Y→X→Y the engine samples exactly what a
+    fresh engine loaded from Y samples (same ids, same logprobs)."""
+    x = load_file(str(tiny_model_dir / "model.safetensors"))
+    y = load_file(str(tiny_model_dir_b / "model.safetensors"))
+    updated = make_backend(name, tiny_model_dir)
+    for version, weights in enumerate((y, x, y), start=1):
+        updated.update_weights(weights, version)
+    fresh = make_backend(name, tiny_model_dir_b)
+    params = SamplingParams(n=2, max_tokens=12, temperature=0.8, seed=5)
+    got, want = updated.generate(PROMPTS, params), fresh.generate(PROMPTS, params)
+    assert [[c.response_ids for c in p] for p in got] == [[c.response_ids for c in p] for p in want]
+    for p, q in zip(got, want, strict=True):
+        for c, d in zip(p, q, strict=True):
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(d.logprobs))
+
+
+def test_vllm_sampled_logprobs_reads_flat_and_dict_forms() -> None:
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    from engines.rollout.vllm_backend import sampled_logprobs
+
+    steps = [{7: Logprob(logprob=-0.5, rank=1)}, {9: Logprob(logprob=-2.0, rank=3)}]
+    flat = FlatLogprobs()
+    for s in steps:
+        flat.append(s)
+    assert sampled_logprobs(flat, (7, 9)) == (-0.5, -2.0)
+    assert sampled_logprobs(steps, (7, 9)) == (-0.5, -2.0)
+    assert sampled_logprobs(None, ()) == ()
+    with pytest.raises(KeyError):  # a position that does not hold the sampled token
+        sampled_logprobs(steps, (7, 8))

@@ -1,0 +1,107 @@
+"""Model hosts: one load per (agent, process), version swaps only when older, crash re-creation."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from engines.rollout import BadRequestError, HostCrashedError, RolloutError, SamplingParams
+from engines.rollout.hosts import drop_host, get_host, hosted_agents
+
+
+def weights_of(model_dir: Path):
+    """A picklable 'latest published weights' callable (what the StateStore will provide)."""
+    return functools.partial(load_file, str(model_dir / "model.safetensors"))
+
+
+def test_get_host_reuses_and_ensure_version_swaps_only_when_older(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    drop_host("solver")
+    h = get_host("solver", "hf", str(tiny_model_dir))
+    assert get_host("solver", "hf", str(tiny_model_dir)) is h
+    assert h.loads == 1 and h.version == 0
+
+    calls: list[int] = []
+
+    def loader():
+        calls.append(1)
+        return weights_of(tiny_model_dir_b)()
+
+    assert h.ensure_version(2, loader) is True
+    assert h.version == 2 and hosted_agents()["solver"] == 2
+    assert h.ensure_version(2, loader) is False
+    assert h.ensure_version(1, loader) is False
+    assert len(calls) == 1  # the loader is not even called when the host is up to date
+
+    out = h.generate([[1, 5, 6]], SamplingParams(n=2, max_tokens=4, seed=0))
+    assert len(out[0]) == 2 and h.outstanding_tokens == 0
+
+    with pytest.raises(RolloutError, match="drop_host"):
+        get_host("solver", "vllm", str(tiny_model_dir))
+    assert drop_host("solver") is True and drop_host("solver") is False
+
+
+def test_caller_errors_do_not_crash_host_but_failures_recreate_it(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    drop_host("verifier")
+    h = get_host("verifier", "hf", str(tiny_model_dir))
+    h.ensure_version(3, weights_of(tiny_model_dir_b))
+    with pytest.raises(BadRequestError):
+        h.generate([[]], SamplingParams())
+    assert not h.crashed
+
+    h.backend.model = None  # type: ignore[attr-defined]  # break the backend for real
+    with pytest.raises(HostCrashedError, match=r"verifier.*failed"):
+        h.generate([[1, 2]], SamplingParams(max_tokens=2))
+    assert h.crashed and h.outstanding_tokens == 0
+    with pytest.raises(HostCrashedError):
+        h.generate([[1, 2]], SamplingParams(max_tokens=2))
+
+    h2 = get_host("verifier", "hf", str(tiny_model_dir))
+    assert h2 is not h and h2.loads == 2
+    assert h2.version == 3  # the latest weights were restored on re-creation
+    assert len(h2.generate([[1, 2]], SamplingParams(max_tokens=2))[0]) == 1
+    drop_host("verifier")
+
+
+# The scheduler's health/metrics HTTP server still binds 8787 with dashboard_address=None and
+# warns when another cluster on this machine holds that port; it then picks a free one.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
+def test_tasks_on_one_worker_share_one_loaded_model(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    from distributed import Client, LocalCluster
+
+    model, loader = str(tiny_model_dir), weights_of(tiny_model_dir_b)
+
+    def task(version: int) -> tuple[int, int, int, int, int]:
+        # a closure ships by value, but get_host lives in an importable module: the
+        # registry is the worker's, not the task's
+        from engines.rollout.hosts import get_host
+
+        host = get_host("solver", "hf", model)
+        swapped = host.ensure_version(version, loader)
+        host.generate([[1, 5]], SamplingParams(max_tokens=3, seed=0))
+        return os.getpid(), id(host.backend), host.loads, host.version, int(swapped)
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        a = client.submit(task, 1, pure=False).result()
+        b = client.submit(task, 1, pure=False).result()
+        assert a[:2] == b[:2]  # same process, same backend object
+        assert (a[2], a[3], a[4]) == (1, 1, 1) and (b[2], b[3], b[4]) == (1, 1, 0)
+
+        client.restart()  # the worker process dies; a fresh one starts with no models
+        c = client.submit(task, 1, pure=False).result()
+        assert c[0] != a[0]
+        assert (c[2], c[3], c[4]) == (1, 1, 1)  # reloaded once, latest weights re-applied

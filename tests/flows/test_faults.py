@@ -1,0 +1,106 @@
+"""Faults with real processes: SIGKILL of the whole run, then --resume; a rollout worker
+killed in the middle of a step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flows.cluster import ClusterConfig, dask_cluster
+from flows.train import TrainParams, train
+from storage.store import MEGStore
+from tests.flows.conftest import write_config
+
+pytestmark = pytest.mark.slow
+
+
+def _table_dirs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "store").glob("*/solver"))
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_sigkill_then_resume_finishes_without_duplicates(
+    tmp_path: Path, tiny_model: str, prefect_server: str
+) -> None:
+    cfg = write_config(tmp_path, tiny_model, steps=4, episodes_per_step=4, micro_batches=2)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
+            tables = _table_dirs(run_dir)
+            return bool(tables) and (tables[0] / "consumed" / "1.json").exists() and any(
+                (tables[0] / "commits").glob("k000002-*")
+            )
+
+        _wait_for(mid_step, 300, "the run to reach step 2")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the CLI, its cluster, its workers
+        proc.wait()
+    assert not (run_dir / "summary.json").exists()
+
+    out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig(), export_final=False))
+    assert out["resumed_segments"] > 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    for agent in ("solver", "verifier"):
+        table = store.table(agent)
+        assert sorted(table.consumption_log()) == [0, 1, 2, 3]
+        ids = table.read().sample_id
+        assert len(ids) == 4 * 4 * (4 if agent == "solver" else 8)
+        assert len(np.unique(ids)) == len(ids)
+    assert out["consistency"]["violations"] == 0
+    assert json.loads((run_dir / "summary.json").read_text())["run_id"] == out["run_id"]
+
+
+def test_rollout_worker_killed_mid_step_is_retried(
+    tmp_path: Path, tiny_model: str, prefect_server: str
+) -> None:
+    cfg = write_config(tmp_path, tiny_model, steps=3, episodes_per_step=4, micro_batches=2)
+    run_dir = tmp_path / "run"
+    with dask_cluster(ClusterConfig()) as workers:
+        from distributed import Client
+
+        killed: list[int] = []
+
+        def killer() -> None:
+            def at_step_one() -> bool:
+                tables = _table_dirs(run_dir)
+                return bool(tables) and any((tables[0] / "commits").glob("k000001-m0000-solve*"))
+
+            _wait_for(at_step_one, 300, "step 1 rollout")
+            with Client(workers.address) as client:
+                pids = client.run(os.getpid, workers=None)
+                info = client.scheduler_info(n_workers=-1)["workers"]
+                addr = next(a for a, w in info.items() if w["name"] == workers.rollout[0])
+                os.kill(pids[addr], signal.SIGKILL)
+                killed.append(pids[addr])
+
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        out = train(TrainParams(config=str(cfg), run_dir=str(run_dir), export_final=False,
+                                cluster=ClusterConfig(scheduler=workers.address)))
+        t.join(timeout=5)
+    assert killed, "the rollout worker was never killed"
+    assert out["steps"] == 3 and out["consistency"]["violations"] == 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    assert sorted(store.table("verifier").consumption_log()) == [0, 1, 2]

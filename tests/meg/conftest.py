@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "agents": {"a": {"model": "hf://org/model"}, "b": {"model": "hf://org/model"}},
+    "nodes": {
+        "x": {"agent": "a", "template": "Q: {question}", "n": 2},
+        "y": {"agent": "b", "template": "{x} ok?", "n": 2, "inputs": {"x": "per_sample"}},
+    },
+    "rewards": {"x": {"fn": "exact_answer"}},
+}
+
+
+@pytest.fixture
+def base() -> dict[str, Any]:
+    return yaml.safe_load(yaml.safe_dump(BASE))  # deep copy

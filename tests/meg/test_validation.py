@@ -1,0 +1,143 @@
+"""Every user mistake gives a MEGError naming the file and field, with a useful message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meg import MEGError, build_spec, load_meg, validate
+
+KNOWN = ("exact_answer", "verdict")
+
+
+def check(data: dict[str, Any], tmp_path: Path, **kw: Any) -> MEGError:
+    path = tmp_path / "meg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(MEGError) as ei:
+        load_meg(path, known_rewards=KNOWN, **kw)
+    assert str(path) in str(ei.value)
+    return ei.value
+
+
+def test_valid_base_loads(base: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(base))
+    spec = load_meg(path, known_rewards=KNOWN)
+    assert list(spec.nodes) == ["x", "y"]
+    assert spec.nodes["y"].inputs == {"x": "per_sample"}
+
+
+def test_cycle_prints_path(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["x"]["inputs"] = {"y": "all"}
+    base["nodes"]["x"]["template"] = "{y}"
+    err = check(base, tmp_path)
+    assert "cycle" in str(err) and ("x -> y -> x" in str(err) or "y -> x -> y" in str(err))
+
+
+def test_unknown_agent_lists_known(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["y"]["agent"] = "zed"
+    err = check(base, tmp_path)
+    assert err.field == "nodes.y.agent" and "'zed'" in str(err) and "a, b" in str(err)
+
+
+def test_unknown_input_node(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["y"]["inputs"] = {"nope": "all"}
+    err = check(base, tmp_path)
+    assert err.field == "nodes.y.inputs" and "'nope'" in str(err)
+
+
+def test_duplicate_name_in_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text(
+        "name: t\nagents:\n  a: {model: hf://o/m}\n  a: {model: hf://o/m}\n"
+        "nodes:\n  x: {agent: a, template: hi}\n"
+    )
+    with pytest.raises(MEGError, match=r"duplicate name 'a' \(line 4\)") as ei:
+        load_meg(path)
+    assert str(path) in str(ei.value)
+
+
+def test_duplicate_name_from_exchange(tmp_path: Path) -> None:
+    data = {
+        "name": "t",
+        "agents": {"a": {"model": "hf://o/m"}, "b": {"model": "hf://o/m"}},
+        "nodes": {"a@1": {"agent": "a", "template": "hi"}},
+        "exchanges": {"d": {"agents": ["a", "b"], "first_template": "q", "reply_template": "r"}},
+    }
+    err = check(data, tmp_path)
+    assert "duplicate node name 'a@1'" in str(err)
+
+
+def test_placeholder_not_a_parent(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["y"]["template"] = "{x} and {z}"
+    err = check(base, tmp_path)
+    assert err.field == "nodes.y.template" and "{z}" in str(err) and "[x]" in str(err)
+
+
+def test_n_below_one(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["x"]["n"] = 0
+    err = check(base, tmp_path)
+    assert err.field == "nodes.x.n" and "at least 1" in str(err)
+
+
+def test_unknown_reward_lists_known(base: dict[str, Any], tmp_path: Path) -> None:
+    base["rewards"]["x"]["fn"] = "magic"
+    err = check(base, tmp_path)
+    assert err.field == "rewards.x.fn" and "'magic'" in str(err)
+    assert "exact_answer, verdict" in str(err)
+
+
+def test_unknown_fanout_lists_known(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["y"]["inputs"] = {"x": "sometimes"}
+    err = check(base, tmp_path)
+    assert err.field == "nodes.y.inputs.x" and "per_sample, all, best, first" in str(err)
+
+
+def test_two_drivers(base: dict[str, Any], tmp_path: Path) -> None:
+    base["nodes"]["z"] = {
+        "agent": "a",
+        "template": "{x}{y}",
+        "inputs": {"x": "per_sample", "y": "per_sample"},
+    }
+    err = check(base, tmp_path)
+    assert "at most one input" in str(err)
+
+
+def test_missing_model_path(base: dict[str, Any], tmp_path: Path) -> None:
+    base["agents"]["a"]["model"] = str(tmp_path / "no-such-model")
+    err = check(base, tmp_path)
+    assert err.field == "agents.a.model" and "no-such-model" in str(err)
+    assert "flexmarl tiny-model" in str(err)
+
+
+def test_unknown_key_is_rejected(base: dict[str, Any], tmp_path: Path) -> None:
+    base["agents"]["a"]["sampling"] = {"max_token": 3}
+    err = check(base, tmp_path)
+    assert err.field == "agents.a.sampling.max_token"
+
+
+def test_reward_on_unknown_node(base: dict[str, Any], tmp_path: Path) -> None:
+    base["rewards"]["ghost"] = {"fn": "exact_answer"}
+    assert check(base, tmp_path).field == "rewards.ghost"
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(MEGError, match="no such file"):
+        load_meg(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agents: [unclosed")
+    with pytest.raises(MEGError, match="not valid YAML"):
+        load_meg(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- 1\n- 2\n")
+    with pytest.raises(MEGError, match="must be a YAML mapping"):
+        load_meg(lst)
+
+
+def test_dataset_needs_exactly_one_source(base: dict[str, Any]) -> None:
+    base["dataset"] = {"generator": "arithmetic", "url": "file:///x.jsonl"}
+    with pytest.raises(MEGError, match="exactly one of"):
+        validate(build_spec(base))

@@ -1,0 +1,85 @@
+"""The on-disk format (schema_version 2) as a user without FlexMARL sees it: plain zarr."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from storage.errors import IntegrityError
+from storage.schema import SegmentKey
+from storage.segments import ROWS_LAYOUT
+from storage.store import MEGStore
+from storage.testing import synthetic_batch
+
+
+def _columns(g: Any) -> dict[str, np.ndarray]:
+    """docs/storage.md's reader: every column of a segment group, by name."""
+    out = {}
+    for name, arr in g.arrays():
+        cols = arr.attrs.get("columns")  # packed: row k of the array is column cols[k]
+        values = arr[...]
+        out.update({name: values} if cols is None else dict(zip(cols, values, strict=True)))
+    return out
+
+
+def test_segments_read_back_exactly_with_plain_zarr(tmp_path: Path) -> None:
+    table = MEGStore.open(str(tmp_path), "run1").table("solver")
+    key = SegmentKey(0, 2, "solve")
+    batch = synthetic_batch(key, version=0)  # step 0, version 0: an all-zero int64 chunk
+    table.write_segment(key, batch)
+    table.write_scores(SegmentKey(0, 2, "score"), batch.sample_id[:3], [1, 2, 3], [0, 0, 0])
+    found: dict[str, dict[str, Any]] = {}
+    root = tmp_path / "run1" / "solver"
+    for marker in sorted((root / "commits").glob("*.json")):
+        m = json.loads(marker.read_text())
+        folder = root / "segments" / m["segment_id"] / m["attempt"]
+        found[m["kind"]] = _columns(zarr.open_group(str(folder), mode="r"))
+        if m["kind"] == "rows":  # every chunk is a file, even one equal to the fill value
+            assert (folder / "row_int64" / "c" / "0" / "0").is_file()
+            assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == sorted(ROWS_LAYOUT)
+    rows = found["rows"]
+    assert rows.keys() == batch.columns().keys()
+    for name, col in batch.columns().items():
+        got = rows[name]
+        if col.dtype.kind == "U":
+            assert got.tolist() == col.tolist(), name
+        else:  # same dtype, bit-exact (NaN rewards included)
+            assert got.dtype == col.dtype and got.tobytes() == col.tobytes(), name
+    scores = found["scores"]
+    assert scores["sample_id"].tolist() == batch.sample_id[:3].tolist()
+    assert scores["reward"].tolist() == [1.0, 2.0, 3.0] and scores["reward"].dtype == np.float32
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"columns": ["policy_version", "step"]}, "array 'row_int64' has 2 dims and columns"),
+        ({}, r"columns None; expected 2 dims and columns \('step', 'policy_version'\)"),
+    ],
+)
+def test_a_damaged_layout_is_an_integrity_error(
+    tmp_path: Path, change: dict[str, Any], match: str
+) -> None:
+    table = MEGStore.open(str(tmp_path), "run1").table("solver")
+    key = SegmentKey(0, 0, "solve")
+    table.write_segment(key, synthetic_batch(key))
+    (meta,) = tmp_path.glob("run1/solver/segments/*/*/row_int64/zarr.json")
+    doc = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**doc, "attributes": change}))  # columns swapped / dropped
+    before = _tree(tmp_path)
+    fresh = MEGStore.open(str(tmp_path), "run1", create=False).table("solver")
+    with pytest.raises(IntegrityError, match=match):
+        fresh.read()
+    assert _tree(tmp_path) == before

@@ -1,0 +1,138 @@
+"""Reward functions behind a registry: `@register_reward("name")`.
+
+A reward function scores ONE sample: `fn(sample, episode, task, **params) -> float`, where
+`episode` gives every sample of the same episode (text, node, parents) so verifiers and team
+rewards can look at other nodes. Functions here only parse text; a reward that would execute
+model output must run it in a sandbox (a subprocess with limits), never in the worker.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workloads.datasets import TaskItem
+
+_INT = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class SampleView:
+    id: str
+    node: str
+    text: str
+    parent_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeView:
+    samples: Mapping[str, SampleView]
+
+    def of_node(self, node: str) -> list[SampleView]:
+        return [s for s in self.samples.values() if s.node == node]
+
+    def ancestors(self, sample_id: str) -> set[str]:
+        """Every sample id reachable through parent links (all fan-out rules count)."""
+        seen: set[str] = set()
+        todo = list(self.samples[sample_id].parent_ids)
+        while todo:
+            sid = todo.pop()
+            if sid not in seen and sid in self.samples:
+                seen.add(sid)
+                todo.extend(self.samples[sid].parent_ids)
+        return seen
+
+
+RewardFn = Callable[..., float]
+_REWARDS: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in _REWARDS:
+            raise ValueError(f"reward {name!r} is already registered")
+        _REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+def known_rewards() -> tuple[str, ...]:
+    return tuple(sorted(_REWARDS))
+
+
+def get_reward(name: str) -> RewardFn:
+    try:
+        return _REWARDS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown reward function {name!r}; known: {', '.join(known_rewards())}"
+        ) from None
+
+
+def extract_answer(text: str) -> str | None:
+    """The first integer in a response, as written (``" 12 because"`` → ``"12"``)."""
+    m = _INT.search(text)
+    return m.group(0) if m else None
+
+
+def is_correct(text: str, task: TaskItem) -> bool:
+    return extract_answer(text) == task.answer.strip()
+
+
+@register_reward("exact_answer")
+def exact_answer(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
+    """1 if the first integer of the response equals the reference answer."""
+    return float(is_correct(sample.text, task))
+
+
+@register_reward("verdict")
+def verdict(
+    sample: SampleView,
+    episode: EpisodeView,
+    task: TaskItem,
+    *,
+    target: str,
+    yes: str = "yes",
+    no: str = "no",
+    **_: Any,
+) -> float:
+    """1 if the verifier says `yes` to a correct `target` parent answer or `no` to a wrong one."""
+    parents = [episode.samples[p] for p in sample.parent_ids if p in episode.samples]
+    judged = [p for p in parents if p.node == target]
+    if not judged:
+        raise ValueError(f"verdict reward: sample {sample.id} has no parent from node {target!r}")
+    words = sample.text.strip().lower().split()
+    said = words[0] if words else ""
+    if said not in (yes, no):
+        return 0.0
+    return float((said == yes) == is_correct(judged[0].text, task))
+
+
+@register_reward("team_final")
+def team_final(
+    sample: SampleView, episode: EpisodeView, task: TaskItem, *, final: str, **_: Any
+) -> float:
+    """Team reward: accuracy of the `final` node's samples that this sample fed into.
+
+    Credit flows along every parent link, so a sample shown to the judge shares the judge's
+    outcome. A sample that reached no final sample gets the episode's final accuracy (the team
+    outcome), so every agent is rewarded for the team's answer. A final sample scores itself.
+    """
+    finals = episode.of_node(final)
+    if not finals:
+        raise ValueError(f"team_final reward: episode has no sample of node {final!r}")
+    if sample.node == final:
+        return float(is_correct(sample.text, task))
+    mine = [f for f in finals if sample.id in episode.ancestors(f.id)] or finals
+    return sum(is_correct(f.text, task) for f in mine) / len(mine)
+
+
+@register_reward("length_penalty")
+def length_penalty(
+    sample: SampleView, episode: EpisodeView, task: TaskItem, *, max_chars: int = 64, **_: Any
+) -> float:
+    """exact_answer minus a penalty growing with response length (for shaping experiments)."""
+    return float(is_correct(sample.text, task)) - min(len(sample.text) / max_chars, 1.0) * 0.5

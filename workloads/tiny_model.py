@@ -1,0 +1,151 @@
+"""Tiny local models: a seeded Llama-style model plus a byte-level BPE tokenizer.
+
+Nothing can be downloaded at run time on the development machines, so every test, example
+and benchmark builds its model here. The model is a plain `LlamaForCausalLM` saved with
+safetensors and the tokenizer a `PreTrainedTokenizerFast`, so the same directory loads in
+`transformers` and in vLLM (the head dim defaults to 64, which vLLM's CPU attention kernels
+accept; odd head dims are not safe there).
+
+Determinism: for one seed and one corpus the weight file is byte-identical across builds
+(`torch.manual_seed` before construction, safetensors with fixed metadata), so tests can
+compare outputs across processes.
+
+`build_tiny_model` only creates the random model; a supervised warm start lives elsewhere
+and takes the directory this returns (keep this boundary: build → optionally warm-start).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2 (tokenizers assigns specials first)
+
+_WORDS_TEXT = (
+    "correct wrong yes no verdict plan step answer question solve check final agree "
+    "disagree because so the is not and then sum product result worker aggregate judge"
+)
+_WORDS = tuple(_WORDS_TEXT.split())
+
+
+def default_corpus(lines: int = 2000, seed: int = 0) -> Iterator[str]:
+    """Arithmetic / QA-style lines over the workloads' alphabet (digits, + - * =, Q:/A:, words).
+
+    Seeded, so the trained tokenizer (and therefore the whole model directory) is reproducible.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def pick(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=g).item())
+
+    ops = "+-*"
+    yield "abcdefghijklmnopqrstuvwxyz 0123456789 + - * = Q: A: Answer:\n"
+    for _ in range(lines):
+        a, b, op = pick(100), pick(100), ops[pick(3)]
+        res = a + b if op == "+" else a - b if op == "-" else a * b
+        w1, w2 = _WORDS[pick(len(_WORDS))], _WORDS[pick(len(_WORDS))]
+        verdict = ("correct", "wrong")[pick(2)]
+        yield (
+            f"Q: {a} {op} {b} = ?\nA: step {w1} {w2} {a}{op}{b}={res}\n"
+            f"Answer: {res}\nverdict: {verdict} {('yes', 'no')[pick(2)]}\n"
+        )
+
+
+def train_tokenizer(corpus: Iterable[str], vocab: int):  # -> PreTrainedTokenizerFast
+    """Byte-level BPE trained on `corpus`, wrapped for transformers with bos/eos/pad set."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD
+    )
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 128,
+    heads: int = 2,
+    intermediate: int = 256,
+    vocab: int = 512,
+    max_positions: int = 512,
+    seed: int = 0,
+    corpus: Iterable[str] | None = None,
+) -> Path:
+    """Build and save a seeded tiny Llama + tokenizer into `out_dir`; return the directory.
+
+    `vocab` is the model's embedding size and the tokenizer's target size; byte-level BPE
+    needs 256 byte tokens + 3 specials, so `vocab` must be at least 259.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if vocab < 259:
+        raise ValueError(f"vocab={vocab} is too small: byte-level BPE needs >= 259 tokens")
+    if hidden % heads:
+        raise ValueError(f"hidden={hidden} must be divisible by heads={heads}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab)
+    if len(tokenizer) > vocab:  # cannot happen with BpeTrainer, but never save a broken pair
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens > model vocab {vocab}")
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.do_sample = True  # a policy, not a greedy decoder
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "flexmarl_tiny.json").write_text(
+        json.dumps(
+            {
+                "layers": layers,
+                "hidden": hidden,
+                "heads": heads,
+                "intermediate": intermediate,
+                "vocab": vocab,
+                "max_positions": max_positions,
+                "seed": seed,
+            },
+            sort_keys=True,
+        )
+    )
+    return out
+
+
+def load_tokenizer(path: str | Path):  # -> PreTrainedTokenizerFast
+    """Load the tokenizer saved next to a model (local directory; raises naming the path)."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"no tokenizer found in model directory {p}")
+    return AutoTokenizer.from_pretrained(str(p))
