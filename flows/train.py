@@ -9,9 +9,9 @@ finalize  audit consistency from the store, summarise, plot, publish artifacts, 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import re
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from flows.executors import DaskExecutor, PrefectExecutor
 from flows.pipeline import Pipeline, PipelineConfig
 from flows.progress import Progress
 from flows.report import reward_gain, summary, timings
-from flows.run import Run, default_store, load_run, resume_point
+from flows.run import Run, RunError, default_store, load_run, resume_point
 from meg import load_meg
 from meg.render import mermaid
 from storage.audit import audit_consistency
@@ -60,6 +60,28 @@ class TrainParams(BaseModel):
     export_final: bool = True
 
 
+def check(p: TrainParams) -> None:
+    """Everything a user can get wrong, checked before any server or cluster starts."""
+    if p.resume:
+        load_run(Path(p.resume))
+        return
+    if p.run_dir and (Path(p.run_dir) / "run.json").exists():
+        raise RunError(
+            f"{p.run_dir} already holds a run; use --resume {p.run_dir} to continue "
+            "it, or choose another --run-dir"
+        )
+    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards())
+    r = spec.run
+    try:
+        PipelineConfig(
+            p.steps or r.steps,
+            p.episodes_per_step or r.episodes_per_step,
+            p.micro_batches or r.micro_batches,
+        )
+    except ValueError as e:
+        raise RunError(str(e)) from None
+
+
 def prepare(p: TrainParams) -> Run:
     """Phase 1: a new run from the config, or the resume point of an existing run."""
     if p.resume:
@@ -69,7 +91,7 @@ def prepare(p: TrainParams) -> Run:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
     if (run_dir / "run.json").exists():
-        raise ValueError(
+        raise RunError(
             f"{run_dir} already holds a run; use --resume {run_dir} to continue "
             "it, or choose another --run-dir"
         )

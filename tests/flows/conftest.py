@@ -4,7 +4,6 @@ own run directory and store)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,19 +12,6 @@ import pytest
 import yaml
 
 from workloads import BUILTIN
-
-
-@pytest.fixture(scope="session")
-def prefect_server() -> Iterator[str]:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        url = PREFECT_API_URL.value()
-        os.environ["PREFECT_API_URL"] = url  # the Dask workers inherit it
-        yield url
-        os.environ.pop("PREFECT_API_URL", None)
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +36,7 @@ def write_config(tmp: Path, model: str, workload: str = "math-chain", **run: Any
     for agent in data["agents"].values():
         agent["model"] = model
     data["run"] = {"steps": 3, "episodes_per_step": 4, "micro_batches": 2, **run}
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / f"{workload}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +28,18 @@ def _table_dirs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "store").glob("*/solver"))
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    context: Callable[[], str] = lambda: "",
+) -> None:
     end = time.time() + timeout
     while time.time() < end:
         if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{context()}")
 
 
 def test_sigkill_then_resume_finishes_without_duplicates(
@@ -42,18 +48,30 @@ def test_sigkill_then_resume_finishes_without_duplicates(
     cfg = write_config(tmp_path, tiny_model, steps=4, episodes_per_step=4, micro_batches=2)
     run_dir = tmp_path / "run"
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    with (tmp_path / "run.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
+            env=env,
+            start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
             tables = _table_dirs(run_dir)
-            return bool(tables) and (tables[0] / "consumed" / "1.json").exists() and any(
-                (tables[0] / "commits").glob("k000002-*")
+            return (
+                bool(tables)
+                and (tables[0] / "consumed" / "1.json").exists()
+                and any((tables[0] / "commits").glob("k000002-*"))
             )
 
-        _wait_for(mid_step, 300, "the run to reach step 2")
+        _wait_for(
+            mid_step,
+            300,
+            "the run to reach step 2",
+            lambda: (tmp_path / "run.log").read_text()[-3000:],
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the CLI, its cluster, its workers
         proc.wait()
@@ -97,8 +115,14 @@ def test_rollout_worker_killed_mid_step_is_retried(
 
         t = threading.Thread(target=killer, daemon=True)
         t.start()
-        out = train(TrainParams(config=str(cfg), run_dir=str(run_dir), export_final=False,
-                                cluster=ClusterConfig(scheduler=workers.address)))
+        out = train(
+            TrainParams(
+                config=str(cfg),
+                run_dir=str(run_dir),
+                export_final=False,
+                cluster=ClusterConfig(scheduler=workers.address),
+            )
+        )
         t.join(timeout=5)
     assert killed, "the rollout worker was never killed"
     assert out["steps"] == 3 and out["consistency"]["violations"] == 0

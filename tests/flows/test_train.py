@@ -20,8 +20,14 @@ pytestmark = pytest.mark.slow
 
 def run_mode(tmp: Path, model: str, cluster: str, mode: str, **kw: Any) -> dict[str, Any]:
     cfg = write_config(tmp, model, **kw.pop("run", {}))
-    params = TrainParams(config=str(cfg), mode=mode, run_dir=str(tmp / f"run-{mode}"),
-                         cluster=ClusterConfig(scheduler=cluster), export_final=False, **kw)
+    params = TrainParams(
+        config=str(cfg),
+        mode=mode,
+        run_dir=str(tmp / f"run-{mode}"),
+        cluster=ClusterConfig(scheduler=cluster),
+        export_final=False,
+        **kw,
+    )
     return train(params)
 
 

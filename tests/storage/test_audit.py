@@ -12,16 +12,30 @@ from storage.store import MEGStore
 from storage.testing import synthetic_batch
 
 
-def _log(store: MEGStore, agent: str, step: int, row_versions: list[int], before: int,
-         mode: str, staleness: int = 0) -> None:
+def _log(
+    store: MEGStore,
+    agent: str,
+    step: int,
+    row_versions: list[int],
+    before: int,
+    mode: str,
+    staleness: int = 0,
+) -> None:
     table = store.table(agent)
     ids = []
     for j, v in enumerate(row_versions):
         key = SegmentKey(step, j, "solve")
-        ids.append(table.write_segment(key, synthetic_batch(key, groups=1, group_size=2,
-                                                            version=v)).segment_id)
-    table.record_consumption(step, ids, row_versions,
-                             extra={"version_before": before, "mode": mode, "staleness": staleness})
+        ids.append(
+            table.write_segment(
+                key, synthetic_batch(key, groups=1, group_size=2, version=v)
+            ).segment_id
+        )
+    table.record_consumption(
+        step,
+        ids,
+        row_versions,
+        extra={"version_before": before, "mode": mode, "staleness": staleness},
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,7 +49,11 @@ def _log(store: MEGStore, agent: str, step: int, row_versions: list[int], before
     ],
 )
 def test_audit_counts_rows_outside_the_allowed_versions(
-    tmp_path: Path, mode: str, staleness: int, row_versions: list[int], before: int,
+    tmp_path: Path,
+    mode: str,
+    staleness: int,
+    row_versions: list[int],
+    before: int,
     violations: int,
 ) -> None:
     store = MEGStore.open(str(tmp_path), "run")

@@ -197,3 +197,21 @@ def test_vllm_sampled_logprobs_reads_flat_and_dict_forms() -> None:
     assert sampled_logprobs(None, ()) == ()
     with pytest.raises(KeyError):  # a position that does not hold the sampled token
         sampled_logprobs(steps, (7, 8))
+
+
+def test_vllm_reload_log_filter_drops_only_the_rotary_buffer_warning() -> None:
+    import logging
+
+    from engines.rollout.vllm_backend import quiet_reload_warnings
+
+    quiet_reload_warnings()
+    quiet_reload_warnings()  # idempotent
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    assert len(log.filters) == 1
+
+    def record(layer: str) -> logging.LogRecord:
+        msg = "%s: Failed to load weights"
+        return logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, (layer,), None)
+
+    assert not log.filter(record("RotaryEmbedding"))
+    assert log.filter(record("QKVParallelLinear"))  # a real failed load still shows

@@ -70,9 +70,9 @@ def test_caller_errors_do_not_crash_host_but_failures_recreate_it(
     drop_host("verifier")
 
 
-# The scheduler's health/metrics HTTP server still binds 8787 with dashboard_address=None and
-# warns when another cluster on this machine holds that port; it then picks a free one.
-@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
+# dashboard_address=":0": the scheduler's health/metrics HTTP server binds a free port at once.
+# With None it tries 8787 first; when another cluster on this machine holds 8787, distributed
+# warns and leaks the failed socket (an unraisable ResourceWarning that fails the test).
 def test_tasks_on_one_worker_share_one_loaded_model(
     tiny_model_dir: Path, tiny_model_dir_b: Path
 ) -> None:
@@ -92,7 +92,7 @@ def test_tasks_on_one_worker_share_one_loaded_model(
 
     with (
         LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
     ):

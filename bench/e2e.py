@@ -1,0 +1,161 @@
+"""End-to-end benchmark: the same workload in sync, flex, flex without balancing, async(η=1)
+and flex on plain Dask futures, side by side in one run, on one cluster.
+
+    python -m bench.e2e [--small] [--json PATH] [--workloads fanout,math-chain]
+                        [--steps N] [--episodes N] [--model DIR]
+
+Each arm is a real `train` flow (real Prefect server, Dask cluster, vLLM, training). Step 0
+of every arm loads models and is excluded: `step_s` is the median completion interval of
+steps ≥ 1; `utilization` is busy task time over (steady-state wall × workers). Reported
+ratios: `speedup_flex_vs_sync` (sync step_s / flex step_s), `balance_gain` (flex without
+balancing / flex), and `prefect_overhead` (1 − flex-on-Dask step_s / flex step_s: what
+running every node as a Prefect task run costs over plain Dask futures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.train import TrainParams, train
+from workloads import BUILTIN
+
+ARMS: dict[str, dict[str, Any]] = {
+    "sync": {"mode": "sync"},
+    "flex": {"mode": "flex"},
+    "flex-nobalance": {"mode": "flex", "balance": False},
+    "async-1": {"mode": "async", "staleness": 1},
+    "flex-dask": {"mode": "flex", "executor": "dask"},
+}
+
+
+def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int) -> Path:
+    data = yaml.safe_load(BUILTIN[workload].read_text())
+    for agent in data["agents"].values():
+        agent["model"] = model
+    data["run"] = {
+        **data.get("run", {}),
+        "steps": steps,
+        "episodes_per_step": episodes,
+        "micro_batches": 2,
+    }
+    path = out / f"{workload}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def steady_state(summary: dict[str, Any], run_dir: Path) -> dict[str, float]:
+    """step_s and utilization over steps ≥ 1 (step 0 pays model loading)."""
+    rows = [r for r in summary["per_step"] if r["step"] >= 1]
+    wall = sum(r["wall_s"] for r in rows)
+    tasks = [t for t in json.loads((run_dir / "timeline.json").read_text()) if t["step"] >= 1]
+    busy = sum(t["end"] - t["start"] for t in tasks)
+    return {
+        "step_s": round(statistics.median(r["wall_s"] for r in rows), 3),
+        "utilization": round(busy / (wall * summary["workers"]), 4) if wall else 0.0,
+        "wall_s": round(summary["wall_s"], 2),
+        "violations": summary["consistency"]["violations"],
+        "team_reward_last": summary["per_step"][-1]["team_reward"],
+    }
+
+
+def run(workloads: list[str], model: str, steps: int, episodes: int, work: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "date": str(date.today()),
+        "machine": platform.node(),
+        "cpus": __import__("os").cpu_count(),
+        "steps": steps,
+        "episodes_per_step": episodes,
+        "workloads": {},
+    }
+    with prefect_api(), dask_cluster(ClusterConfig()) as workers:
+        for wl in workloads:
+            cfg = config_copy(wl, model, work, steps, episodes)
+            arms: dict[str, Any] = {}
+            for arm, kw in ARMS.items():
+                run_dir = work / f"{wl}-{arm}"
+                out = train(
+                    TrainParams(
+                        config=str(cfg),
+                        run_dir=str(run_dir),
+                        export_final=False,
+                        cluster=ClusterConfig(scheduler=workers.address),
+                        **kw,
+                    )
+                )
+                arms[arm] = steady_state(out, run_dir)
+            flex = arms["flex"]["step_s"]
+            results["workloads"][wl] = {
+                "arms": arms,
+                "speedup_flex_vs_sync": round(arms["sync"]["step_s"] / flex, 3),
+                "balance_gain": round(arms["flex-nobalance"]["step_s"] / flex, 3),
+                "async_gain": round(flex / arms["async-1"]["step_s"], 3),
+                "prefect_overhead": round(1 - arms["flex-dask"]["step_s"] / flex, 4),
+                "idle_share_flex": round(1 - arms["flex"]["utilization"], 4),
+            }
+    return results
+
+
+def render(results: dict[str, Any]) -> None:
+    con = Console()
+    for wl, r in results["workloads"].items():
+        t = Table(
+            title=f"{wl}: {results['steps']} steps × {results['episodes_per_step']} "
+            f"episodes, median step time over steps ≥ 1"
+        )
+        for col in ("arm", "step_s", "utilization", "violations", "team reward (last)"):
+            t.add_column(col, justify="left" if col == "arm" else "right")
+        for arm, m in r["arms"].items():
+            t.add_row(
+                arm,
+                f"{m['step_s']:.2f}",
+                f"{m['utilization']:.2f}",
+                str(m["violations"]),
+                f"{m['team_reward_last']:.3f}",
+            )
+        con.print(t)
+        con.print(
+            f"speedup flex vs sync {r['speedup_flex_vs_sync']:.2f}×, balancing gain "
+            f"{r['balance_gain']:.2f}×, async(1) gain {r['async_gain']:.2f}×, Prefect "
+            f"overhead over plain Dask {100 * r['prefect_overhead']:.1f}%"
+        )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--small", action="store_true", help="tiny sizes, for the test suite")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--workloads", default="fanout,math-chain")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--model", default="models/tiny-math", help="HF model dir for every agent")
+    a = ap.parse_args(argv)
+    steps = a.steps or (2 if a.small else 6)
+    episodes = a.episodes or (2 if a.small else 32)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = a.model
+        if a.small and not Path(model).is_dir():
+            from workloads.tiny_model import build_tiny_model
+
+            model = str(build_tiny_model(Path(tmp) / "tiny"))
+        results = run(a.workloads.split(","), model, steps, episodes, Path(tmp))
+    render(results)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+"""The `evaluate` flow: greedy accuracy of the team and of each agent on held-out tasks.
+
+Which models: a training run directory (`RUN_DIR/final/<agent>/`, the HF exports of the
+train flow; without them the newest checkpoint in the run's store is exported to a temp
+dir), a plain HF model directory (the same model for every agent), or `base=True`, the
+config's own initial models (the before-RL baseline).
+
+How: every MEG node runs in topological order over the split's tasks with ONE greedy
+sample per invocation, planned with `meg.expand.plan_invocations` and prompted with
+`render_ids` as the generate task does, then scored with the bound reward functions as the
+score task does. All in this process: no Dask cluster, no store (a few batched passes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.run import RunError, load_run
+from meg import MEGSpec, load_meg, sinks, topological_order
+from meg.expand import InvocationPlan, SampleInfo, plan_invocations
+from workloads import resolve_config
+from workloads.datasets import TaskItem, load_dataset
+from workloads.rewards import EpisodeView, SampleView, get_reward, known_rewards
+
+# Neither backend has an argmax mode (SamplingParams rejects temperature 0 on purpose), and
+# a small temperature is not enough: vLLM raises any temperature below 0.01 to 0.01, and an
+# untrained model's logits differ by less than that. Greedy is a top-p nucleus of one
+# token instead: with top_p = 1e-6 both backends (hf's nucleus; vLLM's "cumulative
+# probability <= 1 - p" mask, which always keeps the top token) keep only the argmax.
+GREEDY_TOP_P = 1e-6
+
+
+class EvalError(RunError):
+    """The models to evaluate cannot be found: a user error (exit code 2)."""
+
+
+class EvalParams(BaseModel):
+    """Parameters of an evaluation. Give exactly one of `checkpoint` and `base`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: str = Field("math-chain", description="MEG YAML path or built-in workload name")
+    checkpoint: str | None = Field(
+        None, description="run directory of `flexmarl train`, or a HF model directory"
+    )
+    base: bool = Field(False, description="evaluate the config's initial models instead")
+    split: Literal["eval", "train"] = "eval"
+    limit: int | None = Field(None, ge=1, description="first N tasks of the split")
+    batch_size: int = Field(64, ge=1, description="prompts per generate call")
+    json_path: str | None = Field(None, description="also write the result as JSON here")
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Per agent: the HF model directory to load, and a label saying where it came from."""
+
+    kind: str  # base | model | run
+    models: dict[str, str]
+    labels: dict[str, str]
+
+
+def _is_model_dir(p: Path) -> bool:
+    return (p / "config.json").is_file()
+
+
+def check_source(p: EvalParams) -> None:
+    """Reject an impossible choice of models before any server or model is started."""
+    if p.base == (p.checkpoint is not None):
+        raise EvalError("give exactly one of --checkpoint RUN_DIR|MODEL_DIR and --base")
+    if p.checkpoint is None:
+        return
+    ck = Path(p.checkpoint)
+    if not ck.is_dir():
+        raise EvalError(
+            f"checkpoint {ck} does not exist; give the --run-dir of a `flexmarl train` run "
+            "or a HF model directory (with config.json)"
+        )
+    if not ((ck / "run.json").is_file() or _is_model_dir(ck)):
+        raise EvalError(
+            f"checkpoint {ck} is neither a flexmarl run directory (no run.json) nor a HF "
+            "model directory (no config.json)"
+        )
+
+
+def _trained_agents(spec: MEGSpec) -> list[str]:
+    return sorted({n.agent for n in spec.nodes.values()})
+
+
+def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """`final/<agent>/` of a run, else its newest checkpoint exported to `tmp/<agent>`."""
+    from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
+
+    run = load_run(run_dir)
+    models, labels = {}, {}
+    for agent in agents:
+        final = run_dir / "final" / agent
+        if _is_model_dir(final):
+            models[agent], labels[agent] = str(final), f"final/{agent}"
+            continue
+        if agent not in run.ctx.spec.agents:
+            raise EvalError(f"run {run_dir} has no agent {agent!r} (it trained a different MEG)")
+        ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
+        if ckpt is None:
+            raise EvalError(
+                f"run {run_dir} has neither final/{agent}/ nor a checkpoint of agent "
+                f"{agent!r} under {run.ctx.checkpoint_root(agent)}; did the run finish a step?"
+            )
+        base_model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
+        out = export_hf(restore_trainer(ckpt, model_path=base_model), tmp / agent)
+        models[agent], labels[agent] = str(out), ckpt.rstrip("/").rsplit("/", 1)[1]
+    return models, labels
+
+
+def resolve_models(spec: MEGSpec, p: EvalParams, tmp: Path) -> Source:
+    agents = _trained_agents(spec)
+    if p.base:
+        models = {a: spec.agents[a].model.removeprefix("hf://") for a in agents}
+        return Source("base", models, {a: spec.agents[a].model for a in agents})
+    ck = Path(str(p.checkpoint)).resolve()
+    if (ck / "run.json").is_file():
+        return Source("run", *_from_run(ck, agents, tmp))
+    return Source("model", {a: str(ck) for a in agents}, {a: ck.name for a in agents})
+
+
+def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, ...]:
+    splits = load_dataset(spec.dataset)
+    items = splits.eval if split == "eval" else splits.train
+    if not items:
+        raise EvalError(f"the {split!r} split of {spec.name!r} is empty (dataset.eval_size: 0?)")
+    return items[:limit] if limit else items
+
+
+# ---- generation --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One greedy sample: its plan (lineage, parents), tokens and text."""
+
+    plan: InvocationPlan
+    info: SampleInfo
+    response_ids: tuple[int, ...]
+    text: str
+
+
+@lru_cache(maxsize=8)
+def _backend(name: str, path: str) -> Any:
+    from engines.rollout.base import make_backend
+
+    return make_backend(name, path)
+
+
+def _tokenizer_path(spec: MEGSpec, agent: str, models: dict[str, str]) -> str:
+    return spec.agents[agent].tokenizer or models[agent]
+
+
+@lru_cache(maxsize=32)
+def _tokenizer_identity(path: str) -> str:
+    """Content hash of a directory's tokenizer files (else the path). Parent ids are spliced
+    only between equal tokenizers; a run's exports are different directories with copies of
+    one tokenizer, and decode/re-encode is not lossless on an untrained model's output."""
+    from engines.training.checkpoint import TOKENIZER_FILES
+
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if TOKENIZER_FILES.match(f.name)) if p.is_dir() else []
+    if not files:
+        return path
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=4096)
+def _encode(path: str, text: str) -> tuple[int, ...]:
+    from tasks.worker import tokenizer
+
+    return tuple(tokenizer(path)(text, add_special_tokens=False)["input_ids"])
+
+
+def _prompt(
+    spec: MEGSpec,
+    node: str,
+    plan: InvocationPlan,
+    item: TaskItem,
+    done: dict[str, Sampled],
+    models: dict[str, str],
+) -> list[int]:
+    """Prompt ids of one invocation; parents' tokens spliced as in `tasks.rollout`."""
+    from meg.template import render_ids
+    from tasks.worker import tokenizer
+
+    nspec = spec.nodes[node]
+    tok_path = _tokenizer_path(spec, nspec.agent, models)
+
+    def encode(text: str) -> list[int]:
+        return list(_encode(tok_path, text))
+
+    shown: dict[str, list[list[int]]] = {}
+    for parent, samples in plan.inputs:
+        parent_tok = _tokenizer_path(spec, spec.nodes[parent].agent, models)
+        same = _tokenizer_identity(parent_tok) == _tokenizer_identity(tok_path)
+        shown[parent] = [
+            list(done[s.id].response_ids) if same else encode(done[s.id].text) for s in samples
+        ]
+    return render_ids(
+        nspec.template,
+        item.question,
+        shown,
+        encode,
+        eos_id=tokenizer(tok_path).eos_token_id,
+        newline_ids=encode("\n"),
+    )
+
+
+def run_node(
+    spec: MEGSpec,
+    node: str,
+    tasks: dict[str, TaskItem],
+    done: dict[str, Sampled],
+    by_node: dict[str, dict[str, list[SampleInfo]]],
+    models: dict[str, str],
+    batch_size: int,
+) -> list[Sampled]:
+    """All invocations of `node` over every episode: plan, prompt, greedy-generate."""
+    from engines.rollout.base import SamplingParams
+    from tasks.worker import tokenizer
+
+    nspec = spec.nodes[node]
+    agent = nspec.agent
+    plans: list[InvocationPlan] = []
+    prompts: list[list[int]] = []
+    for eid, item in tasks.items():
+        parents = {p: by_node[p][eid] for p in nspec.inputs}
+        for plan in plan_invocations(node, nspec, parents, eid):
+            plans.append(plan)
+            prompts.append(_prompt(spec, node, plan, item, done, models))
+    tok = tokenizer(_tokenizer_path(spec, agent, models))
+    eos = tok.eos_token_id
+    params = SamplingParams(
+        n=1,
+        temperature=1.0,
+        top_p=GREEDY_TOP_P,
+        max_tokens=spec.node_max_tokens(node),
+        seed=0,
+        stop_token_ids=(eos,) if eos is not None else (),
+    )
+    backend = _backend(spec.agents[agent].backend, models[agent])
+    out: list[Sampled] = []
+    for start in range(0, len(prompts), batch_size):
+        comps = backend.generate(prompts[start : start + batch_size], params)
+        for plan, (c,) in zip(plans[start : start + batch_size], comps, strict=True):
+            score = float(np.mean(c.logprobs)) if c.logprobs else 0.0
+            (info,) = plan.child_samples(1, [score])
+            text = tok.decode(list(c.response_ids), skip_special_tokens=True)
+            out.append(Sampled(plan, info, tuple(c.response_ids), text))
+    return out
+
+
+def rollout(
+    spec: MEGSpec, models: dict[str, str], tasks: dict[str, TaskItem], batch_size: int
+) -> dict[str, list[Sampled]]:
+    """Every node in topological order; children see their parents' greedy samples."""
+    done: dict[str, Sampled] = {}
+    by_node: dict[str, dict[str, list[SampleInfo]]] = {}
+    out: dict[str, list[Sampled]] = {}
+    for node in topological_order(spec):
+        samples = run_node(spec, node, tasks, done, by_node, models, batch_size)
+        out[node] = samples
+        done.update({s.info.id: s for s in samples})
+        by_node[node] = {eid: [] for eid in tasks}
+        for s in samples:
+            by_node[node][s.plan.episode].append(s.info)
+    return out
+
+
+def score(
+    spec: MEGSpec, samples: dict[str, list[Sampled]], tasks: dict[str, TaskItem]
+) -> dict[str, np.ndarray]:
+    """Reward of each sample per node, from the bound reward functions (0 when unbound)."""
+    views: dict[str, dict[str, SampleView]] = {eid: {} for eid in tasks}
+    for node, rows in samples.items():
+        for s in rows:
+            views[s.plan.episode][s.info.id] = SampleView(
+                s.info.id, node, s.text, s.plan.parent_ids()
+            )
+    episodes = {e: EpisodeView(v) for e, v in views.items()}
+    out: dict[str, np.ndarray] = {}
+    for node, rows in samples.items():
+        r = np.zeros(len(rows), np.float64)
+        binding = spec.rewards.get(node)
+        if binding is not None:
+            fn = get_reward(binding.fn)
+            for i, s in enumerate(rows):
+                ep = s.plan.episode
+                r[i] = fn(
+                    episodes[ep].samples[s.info.id], episodes[ep], tasks[ep], **binding.params
+                )
+        out[node] = r
+    return out
+
+
+def examples(
+    samples: dict[str, list[Sampled]], tasks: dict[str, TaskItem], k: int
+) -> list[dict[str, Any]]:
+    """The first `k` episodes as text: what each node said (for a human look)."""
+    out = []
+    for eid, item in list(tasks.items())[:k]:
+        said = {n: [s.text for s in rows if s.plan.episode == eid] for n, rows in samples.items()}
+        out.append({"question": item.question, "answer": item.answer, "outputs": said})
+    return out
+
+
+def _mean(x: np.ndarray) -> float:
+    return round(float(x.mean()), 4) if len(x) else 0.0
+
+
+def evaluate(p: EvalParams) -> dict[str, Any]:
+    """Greedy rewards per node, per agent and for the team on the chosen split."""
+    t0 = time.time()
+    check_source(p)
+    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards(), check_models=p.base)
+    items = eval_tasks(spec, p.split, p.limit)
+    tasks = {f"eval{i}": item for i, item in enumerate(items)}
+    with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as tmp:
+        try:
+            source = resolve_models(spec, p, Path(tmp))
+            samples = rollout(spec, source.models, tasks, p.batch_size)
+        finally:
+            _backend.cache_clear()  # engines die with the evaluation (temp exports go)
+    rewards = score(spec, samples, tasks)
+    per_agent: dict[str, list[np.ndarray]] = {}
+    for node, r in rewards.items():
+        per_agent.setdefault(spec.nodes[node].agent, []).append(r)
+    team_nodes = list(spec.team_nodes or sinks(spec))
+    team = [float(rewards[n].mean()) for n in team_nodes if len(rewards[n])]
+    out = {
+        "workload": spec.name,
+        "config": str(resolve_config(p.config)),
+        "source": source.kind,
+        "checkpoint": p.checkpoint,
+        "models": source.labels,
+        "split": p.split,
+        "tasks": len(tasks),
+        "top_p": GREEDY_TOP_P,
+        "samples": {n: len(r) for n, r in rewards.items()},
+        "node_agent": {n: spec.nodes[n].agent for n in rewards},
+        "node_reward": {n: _mean(r) for n, r in rewards.items()},
+        "agent_reward": {a: _mean(np.concatenate(rs)) for a, rs in sorted(per_agent.items())},
+        "team_nodes": team_nodes,
+        "team_reward": round(float(np.mean(team)), 4) if team else 0.0,
+        "examples": examples(samples, tasks, 3),
+        "wall_s": round(time.time() - t0, 2),
+    }
+    if p.json_path:
+        Path(p.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(p.json_path).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def table(result: dict[str, Any]) -> Any:
+    """A rich table: one row per node, per agent, and the team."""
+    from rich.table import Table
+
+    t = Table(
+        title=f"{result['workload']} · greedy on {result['tasks']} {result['split']} tasks "
+        f"({result['source']})"
+    )
+    for col in ("scope", "name", "model", "samples", "mean reward"):
+        t.add_column(col, justify="right" if col in ("samples", "mean reward") else "left")
+    models = result["models"]
+    for node, r in result["node_reward"].items():
+        model = models.get(result["node_agent"][node], "")
+        t.add_row("node", node, model, str(result["samples"][node]), f"{r:.3f}")
+    for agent, r in result["agent_reward"].items():
+        t.add_row("agent", agent, models.get(agent, ""), "", f"{r:.3f}")
+    t.add_row("team", "+".join(result["team_nodes"]), "", "", f"{result['team_reward']:.3f}")
+    return t
+
+
+@flow(name="flexmarl-evaluate", log_prints=True)
+def evaluate_flow(params: EvalParams = EvalParams(base=True)) -> dict[str, Any]:  # noqa: B008
+    """Greedy accuracy of the team and of each agent on the held-out split."""
+    from prefect.artifacts import create_table_artifact
+
+    out = evaluate(params)
+    rows = [{"scope": "node", "name": n, "reward": r} for n, r in out["node_reward"].items()]
+    rows += [{"scope": "agent", "name": a, "reward": r} for a, r in out["agent_reward"].items()]
+    rows.append(
+        {"scope": "team", "name": "+".join(out["team_nodes"]), "reward": out["team_reward"]}
+    )
+    create_table_artifact(
+        rows,
+        key=re.sub(r"[^a-z0-9-]", "-", f"eval-{out['workload'].lower()}"),
+        description="greedy evaluation",
+    )
+    print(f"team reward {out['team_reward']:.3f} on {out['tasks']} {out['split']} tasks")
+    return out
