@@ -4,12 +4,16 @@ and flex on plain Dask futures, side by side in one run, on one cluster.
     python -m bench.e2e [--small] [--json PATH] [--workloads fanout,math-chain]
                         [--steps N] [--episodes N] [--model DIR]
 
-Each arm is a real `train` flow (real Prefect server, Dask cluster, vLLM, training). Step 0
-of every arm loads models and is excluded: `step_s` is the median completion interval of
+Arms run with the default hybrid executor (plain Dask futures per node, one Prefect task
+run per step) unless named: `flex-dask` has no Prefect task at all, `*-prefect-per-node`
+makes every node of every micro-batch a Prefect task run. Each arm is a real `train` flow
+(real Prefect server, Dask cluster, vLLM, training). Step 0 of every arm loads models and is
+excluded: `step_s` is the median completion interval of
 steps ≥ 1; `utilization` is busy task time over (steady-state wall × workers). Reported
 ratios: `speedup_flex_vs_sync` (sync step_s / flex step_s), `balance_gain` (flex without
-balancing / flex), and `prefect_overhead` (1 − flex-on-Dask step_s / flex step_s: what
-running every node as a Prefect task run costs over plain Dask futures).
+balancing / flex), `prefect_overhead` (1 − flex-on-Dask step_s / flex step_s: what the
+default's per-step Prefect task runs cost over plain Dask futures) and
+`prefect_per_node_overhead` (the same for a Prefect task run per node).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-nobalance": {"mode": "flex", "balance": False},
     "async-1": {"mode": "async", "staleness": 1},
     "flex-dask": {"mode": "flex", "executor": "dask"},
+    "flex-prefect-per-node": {"mode": "flex", "executor": "prefect"},
+    "sync-prefect-per-node": {"mode": "sync", "executor": "prefect"},
 }
 
 
@@ -102,6 +108,14 @@ def run(workloads: list[str], model: str, steps: int, episodes: int, work: Path)
                 "balance_gain": round(arms["flex-nobalance"]["step_s"] / flex, 3),
                 "async_gain": round(flex / arms["async-1"]["step_s"], 3),
                 "prefect_overhead": round(1 - arms["flex-dask"]["step_s"] / flex, 4),
+                "prefect_per_node_overhead": round(
+                    1 - arms["flex-dask"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 4
+                ),
+                "speedup_flex_vs_sync_per_node": round(
+                    arms["sync-prefect-per-node"]["step_s"]
+                    / arms["flex-prefect-per-node"]["step_s"],
+                    3,
+                ),
                 "idle_share_flex": round(1 - arms["flex"]["utilization"], 4),
             }
     return results

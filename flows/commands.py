@@ -132,9 +132,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-balance", action="store_true", help="static equal rollout placement")
     p.add_argument(
         "--executor",
-        choices=["prefect", "dask"],
-        default="prefect",
-        help="prefect: every node is a Prefect task run (default); dask: plain futures",
+        choices=["hybrid", "prefect", "dask"],
+        default="hybrid",
+        help="hybrid (default): plain Dask futures per node, one Prefect task run per step; "
+        "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
     )
     p.add_argument("--rollout-workers", type=int, default=1)
     p.add_argument("--train-workers", type=int, default=1)

@@ -237,6 +237,15 @@ class Pipeline:
         handles = [self.step[(a, old)] for a in self.agents if (a, old) in self.step]
         self.wait(lambda: all(self.ex.done(h) for h in handles))
 
+    def handles_of(self, k: int) -> list[Any]:
+        """Every submitted handle of step k (generate, score, train, optimizer step)."""
+        return [
+            *(h for (_, kk, _), h in self.gen.items() if kk == k),
+            *(h for (kk, _), h in self.score.items() if kk == k),
+            *(h for (_, kk, _), h in self.train.items() if kk == k),
+            *(h for (_, kk), h in self.step.items() if kk == k),
+        ]
+
     def finish(self) -> list[Any]:
         self.wait(lambda: not self._pending)
         return self.results

@@ -25,6 +25,7 @@ from flows.pipeline import Pipeline, PipelineConfig
 from flows.progress import Progress
 from flows.report import reward_gain, summary, timings
 from flows.run import Run, RunError, default_store, load_run, resume_point
+from flows.watch import watch_step
 from meg import load_meg
 from meg.render import mermaid
 from storage.audit import audit_consistency
@@ -53,7 +54,12 @@ class TrainParams(BaseModel):
     )
     resume: str | None = Field(None, description="run directory of a killed run to continue")
     balance: bool = True
-    executor: Literal["prefect", "dask"] = "prefect"
+    executor: Literal["hybrid", "prefect", "dask"] = Field(
+        "hybrid",
+        description="hybrid: plain Dask futures per node, one Prefect task run per step "
+        "(default); prefect: a Prefect task run per node and micro-batch; dask: no Prefect "
+        "tasks",
+    )
     checkpoint_every: int | None = Field(None, ge=1)
     cluster: ClusterConfig = ClusterConfig()
     summary_json: str | None = None
@@ -124,8 +130,12 @@ def prepare(p: TrainParams) -> Run:
     return run
 
 
-def run_pipeline(run: Run, workers: Workers, executor: Any) -> tuple[list[Any], float, float]:
-    """Phase 3: the training loop over steps, as a bounded window of compiled steps."""
+def run_pipeline(
+    run: Run, workers: Workers, executor: Any, watch: bool = False
+) -> tuple[list[Any], float, float]:
+    """Phase 3: the training loop over steps, as a bounded window of compiled steps.
+
+    `watch`: one Prefect task run per step (`flows.watch.watch_step`) over its futures."""
     cfg = PipelineConfig(
         run.steps, run.episodes_per_step, run.micro_batches, run.window, run.start_step, run.balance
     )
@@ -133,13 +143,18 @@ def run_pipeline(run: Run, workers: Workers, executor: Any) -> tuple[list[Any], 
         a for a in run.ctx.spec.agents if any(n.agent == a for n in run.ctx.spec.nodes.values())
     ]
     t0 = time.time()
+    watchers: list[Any] = []
     with Progress(agents, run.steps - run.start_step, run.start_step) as progress:
         pipe = Pipeline(run.ctx, workers, executor, cfg, run.base_versions or {}, progress)
         for k in range(run.start_step, run.steps):
             pipe.wait_window(k)  # at most `window` steps in flight
             pipe.submit_rollout(k)  # generate every node, score every micro-batch
             pipe.submit_training(k)  # accumulate micro-batches, step, publish
+            if watch:
+                watchers.append(watch_step.submit(k, pipe.handles_of(k)))
         results = pipe.finish()
+        for w in watchers:
+            w.result()
     return results, t0, time.time() - t0
 
 
@@ -158,19 +173,40 @@ def pipeline_flow(
     return [results, t0, wall]
 
 
+@flow(name="flexmarl-pipeline", log_prints=True)
+def hybrid_flow(
+    run_dir: str,
+    scheduler: str,
+    rollout: list[str],
+    train: list[str],
+    pins: dict[str, dict[str, Any]],
+) -> list[Any]:
+    """The task graph as plain Dask futures, with one Prefect task run per step over them."""
+    from distributed import Client
+
+    run = resume_point(load_run(Path(run_dir)))
+    workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
+    with Client(scheduler) as client:
+        results, t0, wall = run_pipeline(run, workers, DaskExecutor(client), watch=True)
+    return [results, t0, wall]
+
+
 def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float, float]:
+    """Run the pipeline with one of three executors (see `TrainParams.executor`)."""
     if executor == "dask":
         from distributed import Client
 
         with Client(workers.address) as client:
             return run_pipeline(run, workers, DaskExecutor(client))
+    args = (str(run.dir), workers.address, list(workers.rollout), list(workers.train), workers.pins)
+    if executor == "hybrid":
+        results, t0, wall = hybrid_flow(*args)
+        return results, t0, wall
     from prefect_dask import DaskTaskRunner
 
     runner = DaskTaskRunner(address=workers.address)
     sub = pipeline_flow.with_options(task_runner=runner)  # type: ignore[arg-type]
-    results, t0, wall = sub(
-        str(run.dir), workers.address, list(workers.rollout), list(workers.train), workers.pins
-    )
+    results, t0, wall = sub(*args)
     return results, t0, wall
 
 

@@ -180,21 +180,16 @@ def generate_segment(
     watch = Stopwatch("generate", agent_name, step, mb)
     table = store_of(ctx).table(agent_name)
     done = table.has_segment(SegmentKey(step, mb, node))
+
+    def gen_ref(ref: SegmentRef, batch: SampleBatch, resumed: bool) -> GenRef:
+        tokens = int(batch.response_lengths.sum())
+        return GenRef(
+            node, agent_name, step, mb, ref, len(batch), tokens, ref.versions, resumed, watch.done()
+        )
+
     if done is not None:  # committed by an earlier attempt or an earlier (killed) run
         ref = table.ref(done)
-        b = table.read(segments=[ref])
-        return GenRef(
-            node,
-            agent_name,
-            step,
-            mb,
-            ref,
-            len(b),
-            int(b.response_lengths.sum()),
-            ref.versions,
-            True,
-            watch.done(),
-        )
+        return gen_ref(ref, table.read(segments=[ref]), resumed=True)
     host = host_of(ctx, agent_name)
     version = ensure_weights(ctx, host, agent_name, min_version)
     plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
@@ -224,18 +219,7 @@ def generate_segment(
             )
     batch = SampleBatch.from_rows(rows)
     ref = table.write_segment(SegmentKey(step, mb, node), batch)
-    return GenRef(
-        node,
-        agent_name,
-        step,
-        mb,
-        ref,
-        len(batch),
-        int(batch.response_lengths.sum()),
-        ref.versions,
-        False,
-        watch.done(),
-    )
+    return gen_ref(ref, batch, resumed=False)
 
 
 @task(

@@ -112,18 +112,15 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
     watch = Stopwatch("train", agent, step, mb)
     batch, segment_ids = read_scored(ctx, agent, step, mb)
     versions = tuple(int(v) for v in np.unique(batch.policy_version))
-    if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
+
+    def done(loss: float) -> TrainRef:
+        tokens = int(batch.response_lengths.sum())
         return TrainRef(
-            agent,
-            step,
-            mb,
-            segment_ids,
-            versions,
-            len(batch),
-            int(batch.response_lengths.sum()),
-            0.0,
-            watch.done(),
+            agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done()
         )
+
+    if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
+        return done(0.0)
     slots = slots_of(ctx)
     trainer = slots.acquire(agent, trainer_factory(ctx, agent))
     try:
@@ -143,17 +140,7 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
             loss = trainer.accumulate(mbt)["loss"]
     finally:
         slots.release(agent)
-    return TrainRef(
-        agent,
-        step,
-        mb,
-        segment_ids,
-        versions,
-        len(batch),
-        int(batch.response_lengths.sum()),
-        loss,
-        watch.done(),
-    )
+    return done(loss)
 
 
 def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, ...]) -> StepRef:

@@ -27,8 +27,10 @@ def test_big_seeded_batches_and_a_replaced_engine_keep_every_engine_alive(
     try:
         for version in (1, 2):
             for host, n, prompts in ((solver, 8, 16), (verifier, 2, 128)):
-                batch = [[rng.randrange(3, 400) for _ in range(rng.randint(14, 20))]
-                         for _ in range(prompts)]
+                batch = [
+                    [rng.randrange(3, 400) for _ in range(rng.randint(14, 20))]
+                    for _ in range(prompts)
+                ]
                 out = host.generate(batch, SamplingParams(n=n, max_tokens=4, seed=version))
                 assert len(out) == prompts and all(len(o) == n for o in out)
                 noisy = {k: v + 1e-3 * torch.randn_like(v) for k, v in weights.items()}
