@@ -241,7 +241,8 @@ def finalize(
         Path(p.summary_json).parent.mkdir(parents=True, exist_ok=True)
         Path(p.summary_json).write_text(json.dumps(out, indent=2))
     if out["per_step"]:
-        publish(run.dir, out, mermaid(ctx.spec), re.sub(r"[^a-z0-9-]", "-", title.lower()))
+        key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{ctx.spec.name}-{ctx.mode}".lower()))
+        publish(run.dir, out, mermaid(ctx.spec), key)
     if p.export_final:
         export_final(run)
     return out

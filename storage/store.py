@@ -1,6 +1,6 @@
 """The MEG Store: one table of immutable, committed segments per agent (DESIGN.md §6).
 
-Layout under ``{store_url}/{run_id}/`` (documented for users in README.md, "The MEG Store on-disk format")::
+Layout under ``{store_url}/{run_id}/`` (documented for users in the README)::
 
     store.json                                  run manifest (format, schema_version)
     {agent}/table.json                          table manifest

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.rollout import main
+from meg import load_meg
+from workloads import BUILTIN
 
 
 @pytest.mark.slow
@@ -31,8 +33,9 @@ def test_rollout_bench_small_writes_all_metrics(tmp_path: Path) -> None:
     assert r["after_update_same_outputs"] is True
     # task path and direct vLLM were given the same prompts and seeds: same tokens
     assert r["task_same_tokens"] is True
-    assert r["task_batch"]["sequences"] == 16 * 4  # 16 episodes x n=4 of the solve node
-    assert 0 < r["task_batch"]["tokens_per_call"] <= 16 * 4 * r["task_batch"]["max_tokens"]
+    n = load_meg(BUILTIN["math-chain"], check_models=False).nodes["solve"].n
+    assert r["task_batch"]["sequences"] == 16 * n  # 16 episodes x n samples of the solve node
+    assert 0 < r["task_batch"]["tokens_per_call"] <= 16 * n * r["task_batch"]["max_tokens"]
     assert set(r["off"]["idle_fraction"]) == {f"host{i}" for i in range(r["hosts"])}
     for arm in ("off", "on"):
         assert all(0.0 <= f < 1.0 for f in r[arm]["idle_fraction"].values())

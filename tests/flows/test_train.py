@@ -86,10 +86,17 @@ def test_fanout_sample_tree_matches_the_meg_expansion(
     Five agents on two training slots also exercises the slot manager's swaps."""
     from meg import expand_episode, load_meg
 
-    cfg = write_config(tmp_path, tiny_model, workload="fanout", steps=1, episodes_per_step=2,
-                       micro_batches=1)
-    out = train(TrainParams(config=str(cfg), run_dir=str(tmp_path / "run"), export_final=False,
-                            cluster=ClusterConfig(scheduler=cluster)))
+    cfg = write_config(
+        tmp_path, tiny_model, workload="fanout", steps=1, episodes_per_step=2, micro_batches=1
+    )
+    out = train(
+        TrainParams(
+            config=str(cfg),
+            run_dir=str(tmp_path / "run"),
+            export_final=False,
+            cluster=ClusterConfig(scheduler=cluster),
+        )
+    )
     spec = load_meg(cfg, check_models=False)
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     rows = {n: store.table(spec.nodes[n].agent).read(node=n) for n in spec.nodes}
@@ -117,17 +124,15 @@ def test_runs_publish_prefect_artifacts(tmp_path: Path, tiny_model: str, cluster
 
     run_mode(tmp_path, tiny_model, cluster, "flex", steps=2)
 
+    wanted = [
+        f"math-chain-flex-{s}" for s in ("metrics", "reward-curve", "timeline", "meg", "summary")
+    ] + ["flexmarl-progress"]
+
     async def keys() -> set[str]:
         async with get_client() as client:
             arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="math-chain-flex"))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=wanted))
             )
-            progress = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["flexmarl-progress"]))
-            )
-            return {a.key for a in arts if a.key} | {a.key for a in progress if a.key}
+            return {a.key for a in arts if a.key}
 
-    found = asyncio.run(keys())
-    for suffix in ("metrics", "reward-curve", "timeline", "meg", "summary"):
-        assert f"math-chain-flex-{suffix}" in found
-    assert "flexmarl-progress" in found
+    assert asyncio.run(keys()) == set(wanted)
