@@ -169,7 +169,7 @@ def _start_local(cfg: ClusterConfig) -> Any:
         "n_workers": 0,
         "threads_per_worker": 1,
         "processes": True,
-        "dashboard_address": None,
+        "dashboard_address": "127.0.0.1:0",  # a free port: 8787 may be taken
         "memory_limit": cfg.memory_limit,
     }
     if cfg.cluster_class.endswith("LocalCluster"):

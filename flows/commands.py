@@ -287,7 +287,8 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flows.cluster import prefect_api
-    from flows.evaluate import EvalParams, check_source, evaluate_flow, table
+    from flows.eval_models import check_checkpoint
+    from flows.evaluate import EvalParams, evaluate_flow, table
 
     try:
         params = EvalParams(
@@ -304,7 +305,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
         raise RunError(
             f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
         ) from None
-    check_source(params)  # a wrong path fails before the Prefect server starts
+    check_checkpoint(params.base, params.checkpoint)  # fails before any server starts
     with prefect_api():
         out = evaluate_flow(params)
     Console().print(table(out))

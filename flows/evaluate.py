@@ -27,7 +27,7 @@ import numpy as np
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.run import RunError, load_run
+from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from meg import MEGSpec, load_meg, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from workloads import resolve_config
@@ -40,10 +40,6 @@ from workloads.rewards import EpisodeView, SampleView, get_reward, known_rewards
 # token instead: with top_p = 1e-6 both backends (hf's nucleus; vLLM's "cumulative
 # probability <= 1 - p" mask, which always keeps the top token) keep only the argmax.
 GREEDY_TOP_P = 1e-6
-
-
-class EvalError(RunError):
-    """The models to evaluate cannot be found: a user error (exit code 2)."""
 
 
 class EvalParams(BaseModel):
@@ -60,78 +56,6 @@ class EvalParams(BaseModel):
     limit: int | None = Field(None, ge=1, description="first N tasks of the split")
     batch_size: int = Field(64, ge=1, description="prompts per generate call")
     json_path: str | None = Field(None, description="also write the result as JSON here")
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Per agent: the HF model directory to load, and a label saying where it came from."""
-
-    kind: str  # base | model | run
-    models: dict[str, str]
-    labels: dict[str, str]
-
-
-def _is_model_dir(p: Path) -> bool:
-    return (p / "config.json").is_file()
-
-
-def check_source(p: EvalParams) -> None:
-    """Reject an impossible choice of models before any server or model is started."""
-    if p.base == (p.checkpoint is not None):
-        raise EvalError("give exactly one of --checkpoint RUN_DIR|MODEL_DIR and --base")
-    if p.checkpoint is None:
-        return
-    ck = Path(p.checkpoint)
-    if not ck.is_dir():
-        raise EvalError(
-            f"checkpoint {ck} does not exist; give the --run-dir of a `flexmarl train` run "
-            "or a HF model directory (with config.json)"
-        )
-    if not ((ck / "run.json").is_file() or _is_model_dir(ck)):
-        raise EvalError(
-            f"checkpoint {ck} is neither a flexmarl run directory (no run.json) nor a HF "
-            "model directory (no config.json)"
-        )
-
-
-def _trained_agents(spec: MEGSpec) -> list[str]:
-    return sorted({n.agent for n in spec.nodes.values()})
-
-
-def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """`final/<agent>/` of a run, else its newest checkpoint exported to `tmp/<agent>`."""
-    from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
-
-    run = load_run(run_dir)
-    models, labels = {}, {}
-    for agent in agents:
-        final = run_dir / "final" / agent
-        if _is_model_dir(final):
-            models[agent], labels[agent] = str(final), f"final/{agent}"
-            continue
-        if agent not in run.ctx.spec.agents:
-            raise EvalError(f"run {run_dir} has no agent {agent!r} (it trained a different MEG)")
-        ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
-        if ckpt is None:
-            raise EvalError(
-                f"run {run_dir} has neither final/{agent}/ nor a checkpoint of agent "
-                f"{agent!r} under {run.ctx.checkpoint_root(agent)}; did the run finish a step?"
-            )
-        base_model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
-        out = export_hf(restore_trainer(ckpt, model_path=base_model), tmp / agent)
-        models[agent], labels[agent] = str(out), ckpt.rstrip("/").rsplit("/", 1)[1]
-    return models, labels
-
-
-def resolve_models(spec: MEGSpec, p: EvalParams, tmp: Path) -> Source:
-    agents = _trained_agents(spec)
-    if p.base:
-        models = {a: spec.agents[a].model.removeprefix("hf://") for a in agents}
-        return Source("base", models, {a: spec.agents[a].model for a in agents})
-    ck = Path(str(p.checkpoint)).resolve()
-    if (ck / "run.json").is_file():
-        return Source("run", *_from_run(ck, agents, tmp))
-    return Source("model", {a: str(ck) for a in agents}, {a: ck.name for a in agents})
 
 
 def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, ...]:
@@ -330,13 +254,13 @@ def _mean(x: np.ndarray) -> float:
 def evaluate(p: EvalParams) -> dict[str, Any]:
     """Greedy rewards per node, per agent and for the team on the chosen split."""
     t0 = time.time()
-    check_source(p)
+    check_checkpoint(p.base, p.checkpoint)
     spec = load_meg(resolve_config(p.config), known_rewards=known_rewards(), check_models=p.base)
     items = eval_tasks(spec, p.split, p.limit)
     tasks = {f"eval{i}": item for i, item in enumerate(items)}
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as tmp:
         try:
-            source = resolve_models(spec, p, Path(tmp))
+            source = resolve_models(spec, p.base, p.checkpoint, Path(tmp))
             samples = rollout(spec, source.models, tasks, p.batch_size)
         finally:
             _backend.cache_clear()  # engines die with the evaluation (temp exports go)

@@ -165,29 +165,20 @@ def pipeline_flow(
     rollout: list[str],
     train: list[str],
     pins: dict[str, dict[str, Any]],
+    per_node: bool = False,
 ) -> list[Any]:
-    """The task graph as Prefect task runs (every generate/score/train/step is visible)."""
+    """The compiled task graph. `per_node`: every generate/score/train/step is a Prefect task
+    run (this flow then runs on a DaskTaskRunner); otherwise the nodes are plain Dask futures
+    and one Prefect task run per step covers them (`flows.watch`)."""
     run = resume_point(load_run(Path(run_dir)))
     workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
-    results, t0, wall = run_pipeline(run, workers, PrefectExecutor())
-    return [results, t0, wall]
+    if per_node:
+        results, t0, wall = run_pipeline(run, workers, PrefectExecutor())
+    else:
+        from distributed import Client
 
-
-@flow(name="flexmarl-pipeline", log_prints=True)
-def hybrid_flow(
-    run_dir: str,
-    scheduler: str,
-    rollout: list[str],
-    train: list[str],
-    pins: dict[str, dict[str, Any]],
-) -> list[Any]:
-    """The task graph as plain Dask futures, with one Prefect task run per step over them."""
-    from distributed import Client
-
-    run = resume_point(load_run(Path(run_dir)))
-    workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
-    with Client(scheduler) as client:
-        results, t0, wall = run_pipeline(run, workers, DaskExecutor(client), watch=True)
+        with Client(scheduler) as client:
+            results, t0, wall = run_pipeline(run, workers, DaskExecutor(client), watch=True)
     return [results, t0, wall]
 
 
@@ -200,13 +191,13 @@ def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float
             return run_pipeline(run, workers, DaskExecutor(client))
     args = (str(run.dir), workers.address, list(workers.rollout), list(workers.train), workers.pins)
     if executor == "hybrid":
-        results, t0, wall = hybrid_flow(*args)
+        results, t0, wall = pipeline_flow(*args)
         return results, t0, wall
     from prefect_dask import DaskTaskRunner
 
     runner = DaskTaskRunner(address=workers.address)
     sub = pipeline_flow.with_options(task_runner=runner)  # type: ignore[arg-type]
-    results, t0, wall = sub(*args)
+    results, t0, wall = sub(*args, per_node=True)
     return results, t0, wall
 
 
