@@ -11,6 +11,8 @@ RUN_DIR ?= runs/default
 
 ## run: the main job — a real multi-agent GRPO run of math-chain on the embedded defaults
 run: setup models
+	@# a previous run is kept, moved aside (never deleted)
+	@if [ -e $(RUN_DIR) ]; then mv $(RUN_DIR) $(RUN_DIR).$$(date +%Y%m%d-%H%M%S); fi
 	$(BIN)/flexmarl train math-chain --run-dir $(RUN_DIR) --summary-json $(RUN_DIR)/summary.json
 
 ## test: the whole suite, slow end-to-end tests included (what CI runs)

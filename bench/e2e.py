@@ -62,14 +62,18 @@ def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int)
 
 
 def steady_state(summary: dict[str, Any], run_dir: Path) -> dict[str, float]:
-    """step_s and utilization over steps ≥ 1 (step 0 pays model loading)."""
+    """step_s over steps ≥ 1 (step 0 pays model loading) and utilization over the same
+    window: from the end of step 0 to the end of the run, each task clipped to the window (a
+    flex or async step-1 task may start while step 0 still trains)."""
     rows = [r for r in summary["per_step"] if r["step"] >= 1]
-    wall = sum(r["wall_s"] for r in rows)
-    tasks = [t for t in json.loads((run_dir / "timeline.json").read_text()) if t["step"] >= 1]
-    busy = sum(t["end"] - t["start"] for t in tasks)
+    tasks = json.loads((run_dir / "timeline.json").read_text())
+    begin = max(t["end"] for t in tasks if t["phase"] == "step" and t["step"] == 0)
+    end = max(t["end"] for t in tasks)
+    busy = sum(max(0.0, min(t["end"], end) - max(t["start"], begin)) for t in tasks)
+    wall = end - begin
     return {
         "step_s": round(statistics.median(r["wall_s"] for r in rows), 3),
-        "utilization": round(busy / (wall * summary["workers"]), 4) if wall else 0.0,
+        "utilization": round(busy / (wall * summary["workers"]), 4) if wall > 0 else 0.0,
         "wall_s": round(summary["wall_s"], 2),
         "violations": summary["consistency"]["violations"],
         "team_reward_last": summary["per_step"][-1]["team_reward"],
