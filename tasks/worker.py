@@ -8,6 +8,7 @@ cache that can be rebuilt from the store and the StateStore: losing a worker los
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from typing import Any
@@ -31,25 +32,23 @@ def worker_name() -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def store(url: str, run_id: str) -> MEGStore:
-    return MEGStore.open(url, run_id)
+def _store(url: str, run_id: str, options_json: str) -> MEGStore:
+    return MEGStore.open(url, run_id, storage_options=json.loads(options_json) or None)
 
 
 def store_of(ctx: RunContext) -> MEGStore:
-    if ctx.storage_options:
-        return MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
-    return store(ctx.store_url, ctx.run_id)
+    """This worker's handle on the run's store, opened once (the storage options, e.g. S3
+    credentials, are part of the key as canonical JSON)."""
+    return _store(ctx.store_url, ctx.run_id, json.dumps(ctx.storage_options or {}, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=16)
-def _state(url: str) -> StateStore:
-    return StateStore(url)
+def _state(url: str, options_json: str) -> StateStore:
+    return StateStore(url, json.loads(options_json) or None)
 
 
 def state_of(ctx: RunContext) -> StateStore:
-    if ctx.storage_options:
-        return StateStore(ctx.state_url, ctx.storage_options)
-    return _state(ctx.state_url)
+    return _state(ctx.state_url, json.dumps(ctx.storage_options or {}, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=32)
