@@ -2,7 +2,7 @@
 and flex on plain Dask futures, side by side in one run, on one cluster.
 
     python -m bench.e2e [--small] [--json PATH] [--workloads fanout,math-chain]
-                        [--steps N] [--episodes N] [--model DIR]
+                        [--steps N] [--episodes N] [--model DIR] [--repeats R]
 
 Arms run with the default hybrid executor (plain Dask futures per node, one Prefect task
 run per step) unless named: `flex-dask` has no Prefect task at all, `*-prefect-per-node`
@@ -14,6 +14,10 @@ ratios: `speedup_flex_vs_sync` (sync step_s / flex step_s), `balance_gain` (flex
 balancing / flex), `prefect_overhead` (1 − flex-on-Dask step_s / flex step_s: what the
 default's per-step Prefect task runs cost over plain Dask futures) and
 `prefect_per_node_overhead` (the same for a Prefect task run per node).
+
+`--repeats R` runs the whole list of arms R times, interleaved (arm order A B C, A B C, ...),
+and reports per arm the median over repeats: machine-wide slowdowns (a shared VM) then hit
+every arm alike instead of whichever arm happened to run at the time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import tempfile
 from datetime import date
@@ -80,31 +85,58 @@ def steady_state(summary: dict[str, Any], run_dir: Path) -> dict[str, float]:
     }
 
 
-def run(workloads: list[str], model: str, steps: int, episodes: int, work: Path) -> dict[str, Any]:
+def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """One arm over its repeats: medians of the timings, the worst consistency verdict."""
+    out: dict[str, Any] = {
+        k: round(statistics.median(r[k] for r in runs), 4)
+        for k in ("step_s", "utilization", "wall_s", "team_reward_last")
+    }
+    out["violations"] = max(r["violations"] for r in runs)
+    if len(runs) > 1:
+        out["step_s_repeats"] = [r["step_s"] for r in runs]
+    return out
+
+
+def run(
+    workloads: list[str],
+    model: str,
+    steps: int,
+    episodes: int,
+    work: Path,
+    repeats: int = 1,
+    pictures: Path | None = None,
+) -> dict[str, Any]:
+    """All arms on every workload; `pictures`: where to keep the sync and flex timelines."""
     results: dict[str, Any] = {
         "date": str(date.today()),
         "machine": platform.node(),
         "cpus": __import__("os").cpu_count(),
         "steps": steps,
         "episodes_per_step": episodes,
+        "repeats": repeats,
         "workloads": {},
     }
     with prefect_api(), dask_cluster(ClusterConfig()) as workers:
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes)
-            arms: dict[str, Any] = {}
-            for arm, kw in ARMS.items():
-                run_dir = work / f"{wl}-{arm}"
-                out = train(
-                    TrainParams(
-                        config=str(cfg),
-                        run_dir=str(run_dir),
-                        export_final=False,
-                        cluster=ClusterConfig(scheduler=workers.address),
-                        **kw,
+            runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+            for r in range(repeats):
+                for arm, kw in ARMS.items():
+                    run_dir = work / f"{wl}-{arm}-{r}"
+                    out = train(
+                        TrainParams(
+                            config=str(cfg),
+                            run_dir=str(run_dir),
+                            export_final=False,
+                            cluster=ClusterConfig(scheduler=workers.address),
+                            **kw,
+                        )
                     )
-                )
-                arms[arm] = steady_state(out, run_dir)
+                    runs[arm].append(steady_state(out, run_dir))
+                    if pictures is not None and arm in ("sync", "flex"):
+                        pictures.mkdir(parents=True, exist_ok=True)
+                        shutil.copy(run_dir / "timeline.png", pictures / f"timeline_{wl}_{arm}.png")
+            arms = {arm: median_of(rs) for arm, rs in runs.items()}
             flex = arms["flex"]["step_s"]
             results["workloads"][wl] = {
                 "arms": arms,
@@ -130,7 +162,7 @@ def render(results: dict[str, Any]) -> None:
     for wl, r in results["workloads"].items():
         t = Table(
             title=f"{wl}: {results['steps']} steps × {results['episodes_per_step']} "
-            f"episodes, median step time over steps ≥ 1"
+            f"episodes, median step time over steps ≥ 1 (median of {results['repeats']} runs)"
         )
         for col in ("arm", "step_s", "utilization", "violations", "team reward (last)"):
             t.add_column(col, justify="left" if col == "arm" else "right")
@@ -158,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--model", default="models/tiny-math", help="HF model dir for every agent")
+    ap.add_argument("--repeats", type=int, default=1, help="run every arm R times, interleaved")
     a = ap.parse_args(argv)
     steps = a.steps or (2 if a.small else 6)
     episodes = a.episodes or (2 if a.small else 32)
@@ -167,7 +200,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from workloads.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
-        results = run(a.workloads.split(","), model, steps, episodes, Path(tmp))
+        pictures = a.json.parent if a.json else None
+        results = run(
+            a.workloads.split(","), model, steps, episodes, Path(tmp), a.repeats, pictures
+        )
     render(results)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

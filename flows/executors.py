@@ -30,7 +30,7 @@ TASKS: dict[str, Any] = {
 class Executor(Protocol):
     def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any: ...
     def done(self, handle: Any) -> bool: ...
-    def result(self, handle: Any) -> Any: ...
+    def results(self, handles: list[Any]) -> list[Any]: ...
 
 
 class PrefectExecutor:
@@ -43,8 +43,8 @@ class PrefectExecutor:
     def done(self, handle: Any) -> bool:
         return bool(handle.wrapped_future.done())
 
-    def result(self, handle: Any) -> Any:
-        return handle.result()
+    def results(self, handles: list[Any]) -> list[Any]:
+        return [h.result() for h in handles]
 
 
 class DaskExecutor:
@@ -61,5 +61,7 @@ class DaskExecutor:
     def done(self, handle: Any) -> bool:
         return bool(handle.done())
 
-    def result(self, handle: Any) -> Any:
-        return handle.result()
+    def results(self, handles: list[Any]) -> list[Any]:
+        """One gather for the batch, straight from the workers (not relayed by the
+        scheduler, whose single thread also runs the pipeline's dataflow)."""
+        return list(self.client.gather(handles, direct=True))

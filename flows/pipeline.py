@@ -3,26 +3,50 @@
 Per step k and micro-batch j it submits (DESIGN.md §4):
 
     generate(node, k, j)   after its parents' generate(·, k, j) and the weights it needs
-    score(k, j)            after every generate(·, k, j)
-    train(A, k, j)         after score(k, j) and A's previous micro-batch / optimizer step
+    score(k, j, g)         after generate(·, k, j) of the nodes score group g waits for
+    train(A, k, j)         after the score(k, j, ·) of A's nodes and A's previous micro-batch
+                           or optimizer step
     step(A, k)             after every train(A, k, ·); publishes A's version for step k+1
+
+A score group (`meg.score_groups`) holds the nodes that become scorable together: a node whose
+reward reads only its own answer is scored right after it is generated, a team reward waits
+for the final node. That is what lets an agent train on a micro-batch before its episodes end.
 
 The dependencies ARE the pipeline: Dask starts each task the moment its inputs exist. The
 mode only changes which edges exist (DESIGN.md §5):
 
     flex      generate(node of A, k) needs step(A, k-1): zero staleness, per-agent readiness
     sync      generate(·, k) needs step(every agent, k-1), and train(·, k, ·) needs every
-              score(k, ·): the stage-synchronous barrier, the baseline
+              score(k, ·, ·): the stage-synchronous barrier, the baseline. Its barrier makes
+              finer scoring pointless, so sync scores each micro-batch in one task (the
+              baseline at its fastest)
     async(η)  generate(node of A, k) needs step(A, k-1-η): rows may be η versions old; the
               loss corrects them with importance ratios from the stored behaviour logprobs
 
 A bounded window of steps is in flight; placement is explicit (the balancer picks the rollout
 worker of each generate task, each agent trains on its own sticky training worker).
+
+Order on a worker matters as much as the edges (each worker runs one task at a time). Dask
+starts whichever task is ready when one finishes, before the scheduler has even heard of the
+tasks that finish made ready. Left alone, a rollout worker interleaves micro-batches, so no
+micro-batch is scored until all are generated and training has nothing to overlap with. So
+every task carries a priority (earlier step first; within a step, micro-batch then
+topological order for rollout, and for training the *need order*: the agent whose node comes
+first in the next step trains first), and one ordering edge closes the race that priorities
+cannot:
+
+    generate(node, k, j)   after generate(node, k, j-1)   micro-batches flow through in order
+
+The same race lets a training worker run one other ready micro-batch between an agent's last
+micro-batch and its optimizer step. Chaining the optimizer steps in need order would close it
+but makes agents whose data is ready wait behind one whose data is not (a team reward is
+scored last); measured on fanout (bench/e2e.py), the chain cost more than the race.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,9 +55,10 @@ from typing import Any
 from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
 from flows.cluster import Workers
 from flows.executors import Executor
-from meg import expand_episode, topological_order
+from meg import ScoreGroup, expand_episode, score_groups, topological_order
 from tasks.context import RunContext
 from tasks.rollout import Episode, episode_id
+from tasks.scoring import scoring_plan
 from tasks.worker import splits_of
 from workloads.datasets import batch_for_step
 
@@ -56,6 +81,51 @@ class PipelineConfig:
 
 
 Event = Callable[[str, Any], None]
+
+PRIORITY_STRIDE = 1_000_000  # ranks within one step stay below this
+
+
+def task_priority(step: int, rank: int) -> int:
+    """Dask priority (higher runs first): every task of step k before any of step k+1, and
+    lower `rank` first within a step."""
+    return -(step * PRIORITY_STRIDE + rank)
+
+
+def need_order(order: list[str], node_agent: dict[str, str]) -> list[str]:
+    """Agents by the topological position of their first node: the order in which the next
+    step's rollout needs their new weights."""
+    first: dict[str, int] = {}
+    for i, n in enumerate(order):
+        first.setdefault(node_agent[n], i)
+    return sorted(first, key=first.__getitem__)
+
+
+class StepLog:
+    """The results of one step's tasks, as the pipeline collects them.
+
+    The per-step Prefect task (`flows.watch`) waits on this instead of fetching the step's
+    results a second time: every result crosses the network once, into the driver."""
+
+    def __init__(self, step: int, expected: int) -> None:
+        self.step, self.expected = step, expected
+        self.refs: list[Any] = []
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def add(self, ref: Any) -> None:
+        self.refs.append(ref)
+        if len(self.refs) >= self.expected:
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.set()
+
+    def wait(self) -> list[Any]:
+        self._done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"step {self.step} failed: {self.error}") from self.error
+        return list(self.refs)
 
 
 def rollout_hosts(workers: Workers, n_agents: int) -> list[str]:
@@ -83,7 +153,13 @@ class Pipeline:
         self.ctx, self.workers, self.ex, self.cfg = ctx, workers, executor, cfg
         spec = ctx.spec
         self.order = topological_order(spec)
-        self.agents = [a for a in spec.agents if any(n.agent == a for n in spec.nodes.values())]
+        node_agent = {n: spec.nodes[n].agent for n in self.order}
+        self.groups: tuple[ScoreGroup, ...] = (
+            score_groups(spec, dict.fromkeys(spec.nodes))  # None: reads all → one group
+            if ctx.mode == "sync"
+            else scoring_plan(spec)
+        )
+        self.agents = need_order(self.order, node_agent)
         self.base_versions = base_versions
         self.train_worker = {
             a: workers.train[i % len(workers.train)] for i, a in enumerate(self.agents)
@@ -95,12 +171,13 @@ class Pipeline:
         self.on_event = on_event or (lambda kind, ref: None)
         self.samples_per_episode = {n: len(s) for n, s in expand_episode(spec).samples.items()}
         self.gen: dict[tuple[str, int, int], Any] = {}
-        self.score: dict[tuple[int, int], Any] = {}
+        self.score: dict[tuple[int, int, int], Any] = {}
         self.train: dict[tuple[str, int, int], Any] = {}
         self.step: dict[tuple[str, int], Any] = {}
         self._pending: list[tuple[str, Any, str | None, int]] = []  # kind, handle, host, est
         self._gens_left: dict[int, int] = {}
         self.results: list[Any] = []
+        self.logs: dict[int, StepLog] = {}
         self._rr = 0
 
     # ---- phases -------------------------------------------------------------------------
@@ -113,15 +190,19 @@ class Pipeline:
         return [tuple(eps[bounds[j] : bounds[j + 1]]) for j in range(m)]
 
     def submit_rollout(self, k: int) -> None:
-        """generate(node, k, j) for every node and micro-batch, then score(k, j)."""
+        """generate(node, k, j) for every node and micro-batch, each score group after the
+        nodes it waits for."""
         spec = self.ctx.spec
+        pos = {n: i for i, n in enumerate(self.order)}
+        stride = 2 * len(self.order)  # rank 2i: generate node i; 2i+1: scores waiting on it
         for j, eps in enumerate(self.episodes(k)):
-            for node in self.order:
+            for i, node in enumerate(self.order):
                 agent = spec.nodes[node].agent
                 weights, barrier = self._weights_dep(agent, k)
                 est = len(eps) * self.samples_per_episode[node] * spec.node_max_tokens(node)
                 host = self.balancer.place(agent, est)
                 parents = tuple(self.gen[(p, k, j)] for p in spec.nodes[node].inputs)
+                previous_mb = (self.gen[(node, k, j - 1)],) if j else ()
                 self.gen[(node, k, j)] = self._submit(
                     "generate",
                     dict(
@@ -132,44 +213,56 @@ class Pipeline:
                         episodes=eps,
                         weights=weights,
                         base_version=self.base_versions.get(agent, 0),
-                        after=parents + barrier,
+                        after=parents + previous_mb + barrier,
                     ),
                     self.workers.pin(host_worker(host)),
+                    task_priority(k, j * stride + 2 * i),
                     host,
                     est,
                 )
             self._gens_left[k] = self._gens_left.get(k, 0) + len(self.order)
             rollers = self.workers.rollout
-            self._rr += 1
-            self.score[(k, j)] = self._submit(
-                "score",
-                dict(
-                    ctx=self.ctx,
-                    step=k,
-                    mb=j,
-                    episodes=eps,
-                    after=tuple(self.gen[(n, k, j)] for n in self.order),
-                ),
-                self.workers.pin(rollers[self._rr % len(rollers)]),
-            )
+            for g, group in enumerate(self.groups):
+                self._rr += 1
+                self.score[(k, j, g)] = self._submit(
+                    "score",
+                    dict(
+                        ctx=self.ctx,
+                        step=k,
+                        mb=j,
+                        episodes=eps,
+                        group=group,
+                        after=tuple(self.gen[(n, k, j)] for n in group.waits),
+                    ),
+                    self.workers.pin(rollers[self._rr % len(rollers)]),
+                    task_priority(k, j * stride + 2 * pos[group.waits[-1]] + 1),
+                )
+
+    def scores_for(self, agent: str, k: int, j: int) -> list[Any]:
+        """The score tasks train(agent, k, j) waits for: those of A's nodes in micro-batch j,
+        or in sync mode every score of step k (the barrier)."""
+        if self.ctx.mode == "sync":
+            return [h for (kk, _, _), h in self.score.items() if kk == k]
+        nodes = {n for n, spec in self.ctx.spec.nodes.items() if spec.agent == agent}
+        return [
+            self.score[(k, j, g)] for g, grp in enumerate(self.groups) if nodes & set(grp.nodes)
+        ]
 
     def submit_training(self, k: int) -> None:
-        """train(A, k, j) per micro-batch, then one optimizer step per agent."""
+        """train(A, k, j) per micro-batch, then one optimizer step per agent; priorities
+        follow the need order."""
         m = self.cfg.micro_batches
-        for agent in self.agents:
+        for rank, agent in enumerate(self.agents):
             chain = self.step.get((agent, k - 1))
             worker = self.train_worker[agent]
             for j in range(m):
-                scores = (
-                    [self.score[(k, jj)] for jj in range(m)]
-                    if self.ctx.mode == "sync"
-                    else [self.score[(k, j)]]
-                )
-                deps = (*scores, chain) if chain is not None else tuple(scores)
+                scores = self.scores_for(agent, k, j)
+                deps = (*scores,) + ((chain,) if chain is not None else ())
                 chain = self.train[(agent, k, j)] = self._submit(
                     "train",
                     dict(ctx=self.ctx, agent=agent, step=k, mb=j, after=deps),
                     self.workers.pin(worker),
+                    task_priority(k, rank * (m + 1) + j),
                 )
             self.step[(agent, k)] = self._submit(
                 "step",
@@ -180,6 +273,7 @@ class Pipeline:
                     trains=tuple(self.train[(agent, k, j)] for j in range(m)),
                 ),
                 self.workers.pin(worker),
+                task_priority(k, rank * (m + 1) + m),
             )
 
     def _weights_dep(self, agent: str, k: int) -> tuple[Any, tuple[Any, ...]]:
@@ -197,23 +291,28 @@ class Pipeline:
         kind: str,
         kwargs: dict[str, Any],
         pin: dict[str, Any],
+        priority: int,
         host: str | None = None,
         est: int = 0,
     ) -> Any:
-        handle = self.ex.submit(kind, kwargs, pin)
+        handle = self.ex.submit(kind, kwargs, {**pin, "priority": priority})
         self._pending.append((kind, handle, host, est))
         return handle
 
     def poll(self) -> int:
-        """Collect finished tasks (raising the first failure); returns how many finished."""
-        still, finished = [], 0
-        for kind, handle, host, est in self._pending:
-            if not self.ex.done(handle):
-                still.append((kind, handle, host, est))
-                continue
-            ref = self.ex.result(handle)  # raises the task's error: the run stops, loudly
-            finished += 1
+        """Collect finished tasks (raising the first failure); returns how many finished.
+
+        Results of all finished tasks are fetched in one batch (one request per worker)."""
+        done = [p for p in self._pending if self.ex.done(p[1])]
+        if not done:
+            return 0
+        refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
+        finished = {id(p[1]) for p in done}
+        self._pending = [p for p in self._pending if id(p[1]) not in finished]
+        for (kind, _, host, est), ref in zip(done, refs, strict=True):
             self.results.append(ref)
+            if ref.step in self.logs:
+                self.logs[ref.step].add(ref)
             if kind == "generate" and host is not None:
                 self.balancer.complete(host, est)
                 self.balancer.observe(ref.agent, ref.decode_tokens)
@@ -221,8 +320,7 @@ class Pipeline:
                 if self._gens_left[ref.step] == 0:
                     self.balancer.end_step()
             self.on_event(kind, ref)
-        self._pending = still
-        return finished
+        return len(done)
 
     def wait(self, predicate: Callable[[], bool], interval: float = 0.05) -> None:
         while True:
@@ -241,10 +339,20 @@ class Pipeline:
         """Every submitted handle of step k (generate, score, train, optimizer step)."""
         return [
             *(h for (_, kk, _), h in self.gen.items() if kk == k),
-            *(h for (kk, _), h in self.score.items() if kk == k),
+            *(h for (kk, _, _), h in self.score.items() if kk == k),
             *(h for (_, kk, _), h in self.train.items() if kk == k),
             *(h for (_, kk), h in self.step.items() if kk == k),
         ]
+
+    def abort(self, error: BaseException) -> None:
+        """Release everyone waiting on a step log: the run is failing with `error`."""
+        for log in self.logs.values():
+            log.fail(error)
+
+    def step_log(self, k: int) -> StepLog:
+        """A log that fills with step k's results (call after submitting step k)."""
+        self.logs[k] = StepLog(k, len(self.handles_of(k)))
+        return self.logs[k]
 
     def finish(self) -> list[Any]:
         self.wait(lambda: not self._pending)

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tasks.rollout import GenRef
-from tasks.scoring import ScoreRef
+from tasks.scoring import RewardSum, ScoreRef
 from tasks.training import StepRef, TrainRef
 
 
@@ -31,7 +31,7 @@ class Progress:
             a: {"step": "-", "version": 0, "reward": float("nan"), "tokens": 0, "stage": "waiting"}
             for a in agents
         }
-        self.team: dict[int, list[float]] = defaultdict(list)
+        self.team: dict[int, RewardSum] = defaultdict(RewardSum)
         self.steps_done = 0
         self._live: Live | None = None
         self._artifact: Any = None
@@ -76,9 +76,10 @@ class Progress:
             s["tokens"] += ref.decode_tokens
             s["stage"] = f"generated {ref.node} k={ref.step} mb={ref.micro_batch}"
         elif isinstance(ref, ScoreRef):
-            self.team[ref.step].append(ref.team_reward)
+            self.team[ref.step] += ref.team
             for a, r in ref.agent_reward.items():
-                self.state[a]["reward"] = r
+                if r.mean is not None:
+                    self.state[a]["reward"] = r.mean
         elif isinstance(ref, TrainRef):
             self.state[ref.agent]["stage"] = f"trained k={ref.step} mb={ref.micro_batch}"
         elif isinstance(ref, StepRef):
@@ -91,13 +92,13 @@ class Progress:
 
     def _on_step(self, ref: StepRef) -> None:
         total = self.steps * len(self.agents)
-        if self._artifact is not None:
+        if self._artifact is not None and self.steps_done % len(self.agents) == 0:
             from prefect.artifacts import update_progress_artifact
 
             update_progress_artifact(self._artifact, progress=100.0 * self.steps_done / total)
         if not self.live_mode:
-            team = self.team.get(ref.step, [])
-            tr = f" team reward {sum(team) / len(team):.3f}" if team else ""
+            team = self.team[ref.step].mean
+            tr = f" team reward {team:.3f}" if team is not None else ""
             self.console.print(
                 f"[step {ref.step}] {ref.agent}: version {ref.version}, loss {ref.loss:.4f}"
                 f"{' (skipped: non-finite)' if ref.skipped else ''}{tr}",

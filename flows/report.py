@@ -10,7 +10,7 @@ import numpy as np
 from storage.audit import Audit
 from tasks.context import Timing
 from tasks.rollout import GenRef
-from tasks.scoring import ScoreRef
+from tasks.scoring import RewardSum, ScoreRef
 from tasks.training import StepRef
 
 
@@ -28,8 +28,8 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
     """One row per step. `wall_s` is the interval between the completions of consecutive
     steps (the last optimizer step of each), so the rows add up to the run's wall time."""
     ends: dict[int, float] = defaultdict(float)
-    rewards: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    team: dict[int, list[float]] = defaultdict(list)
+    rewards: dict[int, dict[str, RewardSum]] = defaultdict(lambda: defaultdict(RewardSum))
+    team: dict[int, RewardSum] = defaultdict(RewardSum)
     versions: dict[int, dict[str, int]] = defaultdict(dict)
     tokens: dict[int, int] = defaultdict(int)
     for r in results:
@@ -37,9 +37,9 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
             ends[r.step] = max(ends[r.step], r.timing.end)
             versions[r.step][r.agent] = r.version
         elif isinstance(r, ScoreRef):
-            team[r.step].append(r.team_reward)
+            team[r.step] += r.team
             for agent, v in r.agent_reward.items():
-                rewards[r.step][agent].append(v)
+                rewards[r.step][agent] += v
         elif isinstance(r, GenRef):
             tokens[r.step] += r.decode_tokens
     rows, prev = [], t0
@@ -49,9 +49,9 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
                 "step": k,
                 "wall_s": round(ends[k] - prev, 3),
                 "reward_mean": {
-                    a: round(float(np.mean(v)), 4) for a, v in sorted(rewards[k].items())
+                    a: round(v.mean, 4) for a, v in sorted(rewards[k].items()) if v.mean is not None
                 },
-                "team_reward": round(float(np.mean(team[k])), 4) if team[k] else 0.0,
+                "team_reward": round(team[k].mean or 0.0, 4),
                 "versions": versions[k],
                 "decode_tokens": tokens[k],
             }

@@ -31,6 +31,7 @@ from meg.render import mermaid
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
+from tasks.scoring import scoring_plan
 from workloads import resolve_config
 from workloads.rewards import known_rewards
 
@@ -79,6 +80,7 @@ def check(p: TrainParams) -> None:
     spec = load_meg(resolve_config(p.config), known_rewards=known_rewards())
     r = spec.run
     try:
+        scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
         PipelineConfig(
             p.steps or r.steps,
             p.episodes_per_step or r.episodes_per_step,
@@ -146,13 +148,17 @@ def run_pipeline(
     watchers: list[Any] = []
     with Progress(agents, run.steps - run.start_step, run.start_step) as progress:
         pipe = Pipeline(run.ctx, workers, executor, cfg, run.base_versions or {}, progress)
-        for k in range(run.start_step, run.steps):
-            pipe.wait_window(k)  # at most `window` steps in flight
-            pipe.submit_rollout(k)  # generate every node, score every micro-batch
-            pipe.submit_training(k)  # accumulate micro-batches, step, publish
-            if watch:
-                watchers.append(watch_step.submit(k, pipe.handles_of(k)))
-        results = pipe.finish()
+        try:
+            for k in range(run.start_step, run.steps):
+                pipe.wait_window(k)  # at most `window` steps in flight
+                pipe.submit_rollout(k)  # generate every node, score each group when it can
+                pipe.submit_training(k)  # accumulate micro-batches, step, publish
+                if watch:
+                    watchers.append(watch_step.submit(k, pipe.step_log(k)))
+            results = pipe.finish()
+        except BaseException as e:
+            pipe.abort(e)  # the per-step task runs fail with the run instead of waiting
+            raise
         for w in watchers:
             w.result()
     return results, t0, time.time() - t0

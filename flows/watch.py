@@ -3,10 +3,11 @@
 Measured here (bench/e2e.py, 2026-11-30): with tiny models a Prefect task run per node and
 micro-batch cost 51–64% of the step time on 2 cores. DESIGN.md §4 says what to do then: a
 Prefect task covers a coarser unit and the fine-grained dataflow runs as plain Dask futures
-beneath it. `watch_step` is that unit: submitted when step k is compiled, it waits for the
-step's futures, so its task run spans the step's real execution; its logs list every node
-of every micro-batch (worker, rows, tokens, seconds) and its result is the step's summary.
-It runs on the flow's own thread pool and never occupies a Dask worker.
+beneath it. `watch_step` is that unit: submitted when step k is compiled, it waits until the
+pipeline has collected every result of the step (a `StepLog`: results are fetched once, by
+the driver), so its task run spans the step's real execution; its logs list every node of
+every micro-batch (worker, rows, tokens, seconds) and its result is the step's summary. It
+runs on the flow's own thread pool and never occupies a Dask worker.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
+from flows.pipeline import StepLog
 from tasks.rollout import GenRef
-from tasks.scoring import ScoreRef
+from tasks.scoring import RewardSum, ScoreRef
 from tasks.training import StepRef, TrainRef
 
 
@@ -30,7 +33,9 @@ def describe(ref: Any) -> str:
             f" [{where}]"
         )
     if isinstance(ref, ScoreRef):
-        return f"score mb={ref.micro_batch}: team reward {ref.team_reward:.3f} [{where}]"
+        rewards = ", ".join(f"{a} {r.mean:.3f}" for a, r in ref.agent_reward.items() if r.count)
+        team = f"; team {ref.team.mean:.3f}" if ref.team.count else ""
+        return f"score {'+'.join(ref.nodes)} mb={ref.micro_batch}: {rewards}{team} [{where}]"
     if isinstance(ref, TrainRef):
         return (
             f"train {ref.agent} mb={ref.micro_batch}: {ref.rows} rows, loss {ref.loss:.4f} "
@@ -44,21 +49,18 @@ def describe(ref: Any) -> str:
     return repr(ref)
 
 
-@task(name="step", task_run_name="step {step}", persist_result=False)
-def watch_step(step: int, futures: list[Any]) -> dict[str, Any]:
+@task(name="step", task_run_name="step {step}", persist_result=False, cache_policy=NO_CACHE)
+def watch_step(step: int, results: StepLog) -> dict[str, Any]:
     """Wait for every fine-grained task of `step`; log each one; return the step summary."""
-    from distributed import wait
-
-    wait(futures)
-    refs = [f.result() for f in futures]  # a failed task raises here and fails this run too
-    log = get_run_logger()
-    for ref in sorted(refs, key=lambda r: r.timing.start):
-        log.info(describe(ref))
-    scores = [r for r in refs if isinstance(r, ScoreRef)]
+    refs = results.wait()  # a failed task raises here and fails this run too
+    # one log record per step (not per task): every record is an API call the server handles
+    lines = [describe(ref) for ref in sorted(refs, key=lambda r: r.timing.start)]
+    get_run_logger().info(f"step {step}: {len(refs)} tasks\n" + "\n".join(lines))
+    team = sum((r.team for r in refs if isinstance(r, ScoreRef)), RewardSum())
     steps = [r for r in refs if isinstance(r, StepRef)]
     return {
         "step": step,
-        "team_reward": sum(s.team_reward for s in scores) / len(scores) if scores else None,
+        "team_reward": team.mean,
         "versions": {s.agent: s.version for s in steps},
         "loss": {s.agent: s.loss for s in steps},
         "tasks": len(refs),

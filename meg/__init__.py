@@ -12,7 +12,7 @@ from meg.expand import (
     expand_episode,
     plan_invocations,
 )
-from meg.graph import sinks, topological_order
+from meg.graph import ScoreGroup, ancestors, score_groups, sinks, topological_order
 from meg.load import build_spec, is_hub_name, load_meg, parse_yaml, validate
 from meg.spec import AgentSpec, DatasetSpec, MEGSpec, NodeSpec, RewardSpec, RunSpec
 
@@ -28,13 +28,16 @@ __all__ = [
     "RewardSpec",
     "RunSpec",
     "SampleInfo",
+    "ScoreGroup",
     "analyze",
+    "ancestors",
     "build_spec",
     "expand_episode",
     "is_hub_name",
     "load_meg",
     "parse_yaml",
     "plan_invocations",
+    "score_groups",
     "sinks",
     "topological_order",
     "validate",

@@ -1,8 +1,10 @@
-"""Graph algorithms over a MEG: order, cycles, sinks, critical path. Pure functions."""
+"""Graph algorithms over a MEG: order, cycles, sinks, critical path, score groups. Pure
+functions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from meg.spec import MEGSpec
 
@@ -90,3 +92,62 @@ def critical_path(spec: MEGSpec, weight: Mapping[str, float]) -> tuple[list[str]
         path.append(cur)
         cur = best[cur][1]
     return path[::-1], best[end][0]
+
+
+def ancestors(spec: MEGSpec, nodes: Collection[str]) -> set[str]:
+    """Every node upstream of `nodes` (through inputs), excluding `nodes` themselves unless
+    one is upstream of another."""
+    seen: set[str] = set()
+    todo = [p for n in nodes for p in spec.nodes[n].inputs]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(spec.nodes[n].inputs)
+    return seen
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreGroup:
+    """Nodes scored by one task: `waits` must be generated first (the latest nodes it
+    reads), `loads` are the nodes whose samples its rewards see."""
+
+    nodes: tuple[str, ...]
+    waits: tuple[str, ...]
+    loads: tuple[str, ...]
+
+
+def score_groups(
+    spec: MEGSpec, reads: Mapping[str, Collection[str] | None]
+) -> tuple[ScoreGroup, ...]:
+    """Partition the nodes by when they can be scored.
+
+    `reads[node]`: the other nodes its reward looks at (None: the whole episode; a node
+    missing from `reads` reads nothing). A node can be scored once it and what it reads are
+    generated; its reward sees its own node, what it reads, and everything upstream of what
+    it reads (a team reward follows lineage through the nodes between). Nodes that wait for
+    the same nodes share a task. Groups come in the order they become ready (topological order
+    of their last awaited node)."""
+    order = topological_order(spec)
+    pos = {n: i for i, n in enumerate(order)}
+    groups: dict[tuple[str, ...], list[str]] = {}
+    loads: dict[tuple[str, ...], set[str]] = {}
+    for node in order:
+        read = reads.get(node, ())
+        if read is None:
+            read = spec.nodes
+        unknown = sorted(set(read) - set(spec.nodes))
+        if unknown:
+            raise ValueError(
+                f"the reward of node {node!r} reads {', '.join(map(repr, unknown))}, which "
+                f"{'is' if len(unknown) == 1 else 'are'} not in the graph; nodes: "
+                f"{', '.join(spec.nodes)}"
+            )
+        need = {node, *read}
+        waits = tuple(sorted(need - ancestors(spec, need), key=pos.__getitem__))
+        groups.setdefault(waits, []).append(node)
+        loads.setdefault(waits, set()).update(need | ancestors(spec, read))
+    return tuple(
+        ScoreGroup(tuple(nodes), waits, tuple(sorted(loads[waits], key=pos.__getitem__)))
+        for waits, nodes in sorted(groups.items(), key=lambda kv: pos[kv[0][-1]])
+    )

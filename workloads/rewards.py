@@ -1,15 +1,24 @@
 """Reward functions behind a registry: `@register_reward("name")`.
 
 A reward function scores ONE sample: `fn(sample, episode, task, **params) -> float`, where
-`episode` gives every sample of the same episode (text, node, parents) so verifiers and team
-rewards can look at other nodes. Functions here only parse text; a reward that would execute
-model output must run it in a sandbox (a subprocess with limits), never in the worker.
+`episode` gives samples of the same episode (text, node, parents) so verifiers and team
+rewards can look at other nodes.
+
+Which nodes `episode` holds is declared at registration: `reads(params)` names the other
+nodes the function looks at; the episode view then holds the sample's own node, those, and
+everything upstream of those. That declaration is what lets the orchestrator score a node as
+soon as what it reads exists (a worker's `exact_answer` right after the worker answered,
+a team reward only after the final node), so an agent can train before the whole episode is
+done. A function registered without `reads` sees, and waits for, the whole episode.
+
+Functions here only parse text; a reward that would execute model output must run it in a
+sandbox (a subprocess with limits), never in the worker.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,17 +55,43 @@ class EpisodeView:
 
 
 RewardFn = Callable[..., float]
+Reads = Callable[[Mapping[str, Any]], Collection[str]]
 _REWARDS: dict[str, RewardFn] = {}
+_READS: dict[str, Reads | None] = {}
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+def register_reward(name: str, *, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
+    """Register `fn` as `name`. `reads(params)`: the other nodes it looks at (see module doc);
+    None means the whole episode."""
+
     def deco(fn: RewardFn) -> RewardFn:
         if name in _REWARDS:
             raise ValueError(f"reward {name!r} is already registered")
         _REWARDS[name] = fn
+        _READS[name] = reads
         return fn
 
     return deco
+
+
+def reward_reads(name: str, params: Mapping[str, Any]) -> frozenset[str] | None:
+    """The nodes reward `name` with `params` reads besides the sample's own (None: all)."""
+    get_reward(name)  # unknown names fail here, with the list of known ones
+    reads = _READS[name]
+    if reads is None:
+        return None
+    try:
+        return frozenset(reads(params))
+    except KeyError as e:
+        raise ValueError(f"reward {name!r} needs the parameter {e.args[0]!r}") from None
+
+
+def _param(key: str) -> Reads:
+    return lambda params: (params[key],)
+
+
+def _nothing(params: Mapping[str, Any]) -> Collection[str]:
+    return ()
 
 
 def known_rewards() -> tuple[str, ...]:
@@ -82,13 +117,13 @@ def is_correct(text: str, task: TaskItem) -> bool:
     return extract_answer(text) == task.answer.strip()
 
 
-@register_reward("exact_answer")
+@register_reward("exact_answer", reads=_nothing)
 def exact_answer(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
     """1 if the first integer of the response equals the reference answer."""
     return float(is_correct(sample.text, task))
 
 
-@register_reward("verdict")
+@register_reward("verdict", reads=_param("target"))
 def verdict(
     sample: SampleView,
     episode: EpisodeView,
@@ -111,7 +146,7 @@ def verdict(
     return float((said == yes) == is_correct(judged[0].text, task))
 
 
-@register_reward("team_final")
+@register_reward("team_final", reads=_param("final"))
 def team_final(
     sample: SampleView, episode: EpisodeView, task: TaskItem, *, final: str, **_: Any
 ) -> float:
@@ -130,7 +165,7 @@ def team_final(
     return sum(is_correct(f.text, task) for f in mine) / len(mine)
 
 
-@register_reward("length_penalty")
+@register_reward("length_penalty", reads=_nothing)
 def length_penalty(
     sample: SampleView, episode: EpisodeView, task: TaskItem, *, max_chars: int = 64, **_: Any
 ) -> float:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.e2e import ARMS, main
+from bench.e2e import ARMS, main, median_of
 
 pytestmark = pytest.mark.slow
 
@@ -23,3 +23,15 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
         assert arm["violations"] == 0
     for key in ("speedup_flex_vs_sync", "balance_gain", "async_gain", "prefect_overhead"):
         assert isinstance(r[key], float)
+    for arm in ("sync", "flex"):  # the timelines the README shows sit next to the JSON
+        assert (tmp_path / f"timeline_math-chain_{arm}.png").stat().st_size > 1000
+
+
+def test_repeats_take_the_median_and_keep_the_worst_verdict() -> None:
+    runs = [
+        {"step_s": s, "utilization": 0.5, "wall_s": 9.0, "team_reward_last": 0.3, "violations": v}
+        for s, v in ((1.0, 0), (3.0, 2), (1.2, 0))
+    ]
+    arm = median_of(runs)
+    assert arm["step_s"] == 1.2 and arm["step_s_repeats"] == [1.0, 3.0, 1.2]
+    assert arm["violations"] == 2  # one bad repeat is not averaged away

@@ -128,3 +128,28 @@ def test_rollout_worker_killed_mid_step_is_retried(
     assert out["steps"] == 3 and out["consistency"]["violations"] == 0
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     assert sorted(store.table("verifier").consumption_log()) == [0, 1, 2]
+
+
+def test_a_failing_task_fails_the_run_loudly_and_keeps_committed_rows(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """A reward that raises (a verdict whose target is no parent of the node) fails the
+    run with the reward's own message; the per-step Prefect task fails with it instead of
+    waiting forever, and the rows generated before the failure stay committed."""
+    import yaml
+
+    cfg = write_config(tmp_path, tiny_model, steps=2)
+    data = yaml.safe_load(cfg.read_text())
+    data["rewards"]["verify"]["params"]["target"] = "verify"  # not a parent of verify
+    cfg.write_text(yaml.safe_dump(data))
+    params = TrainParams(
+        config=str(cfg),
+        run_dir=str(tmp_path / "run"),
+        export_final=False,
+        cluster=ClusterConfig(scheduler=cluster),
+    )
+    with pytest.raises(Exception, match="has no parent from node 'verify'"):
+        train(params)
+    rec = json.loads((tmp_path / "run" / "run.json").read_text())
+    store = MEGStore.open(rec["store_url"], rec["run_id"], create=False)
+    assert len(store.table("verifier").read(step=0)) > 0  # generated before the failure

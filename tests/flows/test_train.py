@@ -83,11 +83,13 @@ def test_fanout_sample_tree_matches_the_meg_expansion(
 ) -> None:
     """Five agents, a per-sample fan-out and `best` aggregates, through Prefect tasks: every
     stored sample is exactly one the MEG's expansion predicts, with lineage-correct parents.
-    Five agents on two training slots also exercises the slot manager's swaps."""
+    Five agents on two training slots also exercises the slot manager's swaps. Score groups:
+    a worker (scored on its own answer) trains before its episode's aggregate is generated;
+    the planner (team reward) never does."""
     from meg import expand_episode, load_meg
 
     cfg = write_config(
-        tmp_path, tiny_model, workload="fanout", steps=1, episodes_per_step=2, micro_batches=1
+        tmp_path, tiny_model, workload="fanout", steps=2, episodes_per_step=4, micro_batches=2
     )
     out = train(
         TrainParams(
@@ -100,7 +102,7 @@ def test_fanout_sample_tree_matches_the_meg_expansion(
     spec = load_meg(cfg, check_models=False)
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     rows = {n: store.table(spec.nodes[n].agent).read(node=n) for n in spec.nodes}
-    for episode in ("k0e0", "k0e1"):
+    for episode in ("k0e0", "k0e1", "k1e3"):
         exp = expand_episode(spec, episode)
         lineage = {s.id: dict(s.lineage) for ss in exp.samples.values() for s in ss}
         for node, batch in rows.items():
@@ -114,6 +116,19 @@ def test_fanout_sample_tree_matches_the_meg_expansion(
                     assert all(lineage[p][n] == lineage[str(sid)][n] for n in shared)
     assert out["consistency"]["violations"] == 0
     assert sorted(store.agents()) == sorted(spec.agents)
+
+    tl = json.loads((Path(out["run_dir"]) / "timeline.json").read_text())
+    at = {(r["phase"], r["agent"], r["step"], r["micro_batch"]): r for r in tl}
+    mbs = [(k, j) for k in range(2) for j in range(2)]
+    agg_end = {kj: at[("generate", "aggregator", *kj)]["end"] for kj in mbs}
+    early = [
+        (a, kj)
+        for a in ("short", "medium", "long")
+        for kj in mbs
+        if at[("train", a, *kj)]["start"] < agg_end[kj]
+    ]
+    assert early, "no worker trained before its micro-batch's aggregate was generated"
+    assert all(at[("train", "planner", *kj)]["start"] >= agg_end[kj] for kj in mbs)
 
 
 def test_runs_publish_prefect_artifacts(tmp_path: Path, tiny_model: str, cluster: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,7 +12,15 @@ import pytest
 
 from meg.spec import DatasetSpec
 from workloads.datasets import DatasetError, TaskItem, batch_for_step, load_dataset
-from workloads.rewards import EpisodeView, SampleView, extract_answer, get_reward, known_rewards
+from workloads.rewards import (
+    EpisodeView,
+    SampleView,
+    extract_answer,
+    get_reward,
+    known_rewards,
+    register_reward,
+    reward_reads,
+)
 
 
 def test_arithmetic_is_seeded_and_verifiable() -> None:
@@ -99,3 +108,21 @@ def test_unknown_reward_lists_known() -> None:
         KeyError, match="unknown reward function 'x'; known: " + ", ".join(known_rewards())
     ):
         get_reward("x")
+
+
+@register_reward("test_whole_episode")  # a third-party reward that declares nothing
+def _whole_episode(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
+    return 0.0
+
+
+def test_rewards_declare_what_they_read() -> None:
+    """What a reward reads decides when its node can be scored (`meg.score_groups`)."""
+    assert reward_reads("exact_answer", {}) == frozenset()
+    assert reward_reads("length_penalty", {"max_chars": 9}) == frozenset()
+    assert reward_reads("verdict", {"target": "solve"}) == {"solve"}
+    assert reward_reads("team_final", {"final": "judge"}) == {"judge"}
+    assert reward_reads("test_whole_episode", {}) is None  # undeclared: the whole episode
+    with pytest.raises(ValueError, match="reward 'team_final' needs the parameter 'final'"):
+        reward_reads("team_final", {})
+    with pytest.raises(KeyError, match="unknown reward function 'nope'"):
+        reward_reads("nope", {})

@@ -1,0 +1,132 @@
+"""The compiler's task graph, read off a recording executor: edges, score groups, priorities.
+
+The executor here only records what the compiler submits (nothing runs); the same graph
+runs on real Prefect/Dask in test_train.py. `StepLog` is tested on real threads."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from flows.cluster import Workers
+from flows.pipeline import Pipeline, PipelineConfig, StepLog, need_order, task_priority
+from meg import load_meg, topological_order
+from tasks.context import RunContext
+from workloads import BUILTIN
+from workloads.rewards import known_rewards
+
+
+@dataclass(eq=False)
+class Task:
+    kind: str
+    kwargs: dict[str, Any]
+    priority: int
+    worker: str
+
+    @property
+    def after(self) -> set[int]:
+        deps = (*self.kwargs.get("after", ()), *self.kwargs.get("trains", ()))
+        if self.kwargs.get("weights") is not None:
+            deps = (*deps, self.kwargs["weights"])
+        return {id(d) for d in deps}
+
+
+@dataclass
+class Recorder:
+    tasks: list[Task] = field(default_factory=list)
+
+    def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Task:
+        (worker,) = pin["resources"]
+        self.tasks.append(Task(kind, kwargs, pin["priority"], worker))
+        return self.tasks[-1]
+
+    def done(self, handle: Any) -> bool:
+        return False
+
+    def results(self, handles: list[Any]) -> list[Any]:
+        raise AssertionError("nothing runs here")
+
+
+def compile_steps(workload: str, mode: str, steps: int = 2, mb: int = 2) -> Pipeline:
+    spec = load_meg(BUILTIN[workload], known_rewards=known_rewards(), check_models=False)
+    ctx = RunContext("r", "memory://x", spec, mode=mode)
+    workers = Workers("tcp://s", ("R",), ("T",), {w: {"resources": {w: 1}} for w in "RT"})
+    pipe = Pipeline(ctx, workers, Recorder(), PipelineConfig(steps, 4, mb), {})
+    for k in range(steps):
+        pipe.submit_rollout(k)
+        pipe.submit_training(k)
+    return pipe
+
+
+def test_flex_scores_each_group_as_soon_as_it_can_and_trains_on_it() -> None:
+    p = compile_steps("fanout", "flex")
+    ids = lambda *hs: {id(h) for h in hs}  # noqa: E731
+    for k in range(2):
+        for j in range(2):
+            # micro-batches flow through each node in order
+            if j:
+                assert id(p.gen[("plan", k, 0)]) in p.gen[("plan", k, 1)].after
+            # a worker's group waits only for that worker's node ...
+            work_s = next(h for (kk, jj, g), h in p.score.items() if (kk, jj) == (k, j) and g == 0)
+            assert work_s.kwargs["group"].nodes == ("work_s",)
+            assert work_s.after == ids(p.gen[("work_s", k, j)])
+            # ... so `short` trains without waiting for the aggregate; the planner must wait
+            assert ids(work_s) <= p.train[("short", k, j)].after
+            team = p.score[(k, j, 3)]
+            assert team.kwargs["group"].nodes == ("plan", "aggregate")
+            assert team.after == ids(p.gen[("aggregate", k, j)])
+            assert ids(team) <= p.train[("planner", k, j)].after
+            assert not ids(team) & p.train[("short", k, j)].after
+    # zero staleness per agent: step-1 generation waits for its own agent's step 0 only
+    assert p.gen[("work_s", 1, 0)].after == ids(p.gen[("plan", 1, 0)], p.step[("short", 0)])
+    # placement: rollout and scoring on the rollout worker, training on the training worker
+    kinds = {(t.kind, t.worker) for t in p.ex.tasks}  # type: ignore[attr-defined]
+    assert kinds == {("generate", "R"), ("score", "R"), ("train", "T"), ("step", "T")}
+
+
+def test_sync_scores_once_per_micro_batch_behind_a_barrier() -> None:
+    p = compile_steps("fanout", "sync")
+    assert len(p.score) == 2 * 2  # steps × micro-batches
+    step0 = {id(h) for (k, _, _), h in p.score.items() if k == 0}
+    for agent in p.agents:
+        assert step0 <= p.train[(agent, 0, 0)].after  # every score of the step
+    barrier = {id(p.step[(a, 0)]) for a in p.agents}
+    assert barrier <= p.gen[("plan", 1, 0)].after  # every agent's step 0
+
+
+def test_priorities_put_earlier_steps_micro_batches_and_needed_agents_first() -> None:
+    p = compile_steps("fanout", "flex")
+    spec = p.ctx.spec
+    order = topological_order(spec)
+    assert p.agents == need_order(order, {n: spec.nodes[n].agent for n in order})
+    assert p.agents == ["planner", "short", "medium", "long", "aggregator"]
+    step0 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 0]  # type: ignore[attr-defined]
+    step1 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 1]  # type: ignore[attr-defined]
+    assert min(step0) > max(step1)
+    assert min(h.priority for (_, k, j), h in p.gen.items() if (k, j) == (0, 0)) > max(
+        h.priority for (_, k, j), h in p.gen.items() if (k, j) == (0, 1)
+    )
+    # the planner's micro-batches and step before the short worker's, before the aggregator's
+    rank = {a: p.step[(a, 0)].priority for a in p.agents}
+    assert rank["planner"] > rank["short"] > rank["aggregator"]
+    assert p.train[("planner", 0, 1)].priority > p.train[("short", 0, 0)].priority
+    assert task_priority(0, 10**5) > task_priority(1, 0)
+
+
+def test_step_log_hands_over_results_or_the_failure() -> None:
+    log = StepLog(3, expected=2)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.extend(log.wait()))
+    t.start()
+    log.add("a")
+    assert t.is_alive()  # still one result short
+    log.add("b")
+    t.join(timeout=10)
+    assert got == ["a", "b"]
+    failed = StepLog(4, expected=5)
+    failed.fail(ValueError("worker died"))
+    with pytest.raises(RuntimeError, match="step 4 failed: worker died"):
+        failed.wait()
