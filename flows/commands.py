@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from flows.cli import command
 from flows.run import RunError
@@ -15,6 +16,14 @@ from workloads.datasets import DatasetError
 from workloads.rewards import known_rewards
 
 EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, RunError, StoreError)
+
+
+def option_error(e: Any) -> RunError:
+    """A pydantic ValidationError of command-line parameters as a one-line user error that
+    names the option (`--keep-checkpoints: Input should be greater than or equal to 1`)."""
+    err = e.errors()[0]
+    flag = str(err["loc"][-1]).replace("_", "-") if err["loc"] else "options"
+    return RunError(f"--{flag}: {err['msg']} (got {err.get('input')!r})")
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
@@ -125,6 +134,16 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batches", type=int, default=None)
     p.add_argument("--window", type=int, default=None, help="steps in flight (default 2)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--checkpoint-every", type=int, default=None, metavar="N", help="default: every step"
+    )
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=None,
+        metavar="N",
+        help="newest checkpoints kept per agent (default 2)",
+    )
     p.add_argument("--run-dir", default=None)
     p.add_argument("--store", default=None, help="fsspec URL of the MEG Store")
     p.add_argument("--resume", default=None, metavar="RUN_DIR")
@@ -154,14 +173,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
-def train_cmd(args: argparse.Namespace) -> int:
-    from flows.cluster import ClusterConfig, prefect_api
-    from flows.train import TrainParams, check, train
+def train_params(args: argparse.Namespace) -> Any:
+    """The validated `TrainParams` of `flexmarl train ...` (raises pydantic's error)."""
+    from flows.cluster import ClusterConfig
+    from flows.train import TrainParams
 
-    if args.config is None and args.resume is None:
-        raise RunError("give a CONFIG (or --resume RUN_DIR)")
-    params = TrainParams(
+    return TrainParams(
         config=args.config or "math-chain",
         mode=args.mode,
         staleness=args.staleness,
@@ -170,6 +187,8 @@ def train_cmd(args: argparse.Namespace) -> int:
         micro_batches=args.micro_batches,
         window=args.window,
         seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
         run_dir=args.run_dir,
         store=args.store,
         resume=args.resume,
@@ -185,6 +204,21 @@ def train_cmd(args: argparse.Namespace) -> int:
             train_slots=args.train_slots,
         ),
     )
+
+
+@command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
+def train_cmd(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from flows.cluster import prefect_api
+    from flows.train import check, train
+
+    if args.config is None and args.resume is None:
+        raise RunError("give a CONFIG (or --resume RUN_DIR)")
+    try:
+        params = train_params(args)
+    except ValidationError as e:
+        raise option_error(e) from None
     check(params)  # user mistakes: one paragraph, exit 2, before anything starts
     with prefect_api() as url:
         print(f"Prefect API: {url}")
@@ -301,10 +335,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
             json_path=args.json,
         )
     except ValidationError as e:
-        err = e.errors()[0]
-        raise RunError(
-            f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
-        ) from None
+        raise option_error(e) from None
     check_checkpoint(params.base, params.checkpoint)  # fails before any server starts
     with prefect_api():
         out = evaluate_flow(params)

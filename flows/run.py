@@ -50,6 +50,7 @@ class Run:
             "seed": c.seed,
             "train_slots": c.train_slots,
             "checkpoint_every": c.checkpoint_every,
+            "keep_checkpoints": c.keep_checkpoints,
             "steps": self.steps,
             "episodes_per_step": self.episodes_per_step,
             "micro_batches": self.micro_batches,
@@ -89,6 +90,7 @@ def load_run(run_dir: Path) -> Run:
             rec["train_slots"],
             rec["checkpoint_every"],
             rec.get("storage_options"),
+            rec.get("keep_checkpoints", 2),  # runs from before pruning existed: the default
         )
         return Run(
             run_dir,

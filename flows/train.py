@@ -62,6 +62,7 @@ class TrainParams(BaseModel):
         "tasks",
     )
     checkpoint_every: int | None = Field(None, ge=1)
+    keep_checkpoints: int | None = Field(None, ge=1)
     cluster: ClusterConfig = ClusterConfig()
     summary_json: str | None = None
     export_final: bool = True
@@ -115,6 +116,7 @@ def prepare(p: TrainParams) -> Run:
         seed=p.seed if p.seed is not None else r.seed,
         train_slots=p.cluster.train_slots,
         checkpoint_every=p.checkpoint_every or r.checkpoint_every or 1,
+        keep_checkpoints=p.keep_checkpoints or r.keep_checkpoints,
     )
     run = Run(
         run_dir,

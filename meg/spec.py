@@ -136,7 +136,12 @@ class RunSpec(_Frozen):
     mode: Literal["sync", "flex", "async"] = "flex"
     staleness: int = Field(0, ge=0)
     window: int = Field(2, ge=1, description="Steps compiled ahead into the task graph.")
-    checkpoint_every: int = Field(0, ge=0, description="0: only at the end.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Optimizer steps between checkpoints; 0 means every step."
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
+    )
     seed: int = 0
 
 

@@ -25,6 +25,7 @@ class RunContext:
     train_slots: int = 2
     checkpoint_every: int = 1
     storage_options: dict[str, Any] | None = None
+    keep_checkpoints: int = 2
 
     @property
     def state_url(self) -> str:

@@ -165,7 +165,9 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
         result = trainer.step()
         publish_weights(state_of(ctx), agent, result.version, trainer.weights())
         if ctx.checkpoint_every:
-            maybe_checkpoint(trainer, ctx.checkpoint_root(agent), ctx.checkpoint_every)
+            maybe_checkpoint(
+                trainer, ctx.checkpoint_root(agent), ctx.checkpoint_every, ctx.keep_checkpoints
+            )
     finally:
         slots.release(agent)
     table.record_consumption(

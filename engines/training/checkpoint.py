@@ -79,29 +79,57 @@ def checkpoint_dir(root: str, version: int) -> str:
     return f"{root.rstrip('/')}/v{version:06d}"
 
 
-def maybe_checkpoint(trainer: AgentTrainer, root: str, every: int) -> str | None:
-    """Checkpoint every `every` policy versions into `<root>/v{version:06d}`; return its URL."""
+def maybe_checkpoint(
+    trainer: AgentTrainer, root: str, every: int, keep: int | None = None
+) -> str | None:
+    """Checkpoint every `every` policy versions into `<root>/v{version:06d}`; return its URL.
+
+    `keep`: afterwards delete all but the newest `keep` committed checkpoints (None: keep
+    all). Resume and `--checkpoint` only read the newest; with full optimizer state, keeping
+    every step's checkpoint fills disks (1 GB for the 100-step default run of two tiny
+    models)."""
     if every <= 0:
         raise ValueError(f"checkpoint interval must be > 0, got {every}")
+    if keep is not None and keep < 1:
+        raise ValueError(f"checkpoints to keep must be >= 1, got {keep}")
     if trainer.version == 0 or trainer.version % every:
         return None
     url = checkpoint_dir(root, trainer.version)
     save_checkpoint(trainer, url)
+    if keep is not None:
+        prune_checkpoints(root, keep)
     return url
 
 
-def latest_checkpoint(root: str) -> str | None:
-    """URL of the committed checkpoint with the highest version under `root`, or None."""
+def committed_checkpoints(root: str) -> list[str]:
+    """URLs of the committed checkpoints under `root` (meta.json written), oldest first."""
     fs, path = fsspec.core.url_to_fs(root)
     if not fs.exists(path):
-        return None
+        return []
     found = sorted(
         p.rstrip("/").rsplit("/", 1)[1]
         for p in fs.ls(path, detail=False)
         if re.fullmatch(r"v\d{6}", p.rstrip("/").rsplit("/", 1)[1])
         and fs.exists(f"{p.rstrip('/')}/{META_FILE}")
     )
-    return f"{root.rstrip('/')}/{found[-1]}" if found else None
+    return [f"{root.rstrip('/')}/{name}" for name in found]
+
+
+def prune_checkpoints(root: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` committed checkpoints; return the deleted URLs.
+    Uncommitted directories (a write in progress or cut short) are left alone."""
+    old = committed_checkpoints(root)[:-keep]
+    for url in old:
+        fs, path = fsspec.core.url_to_fs(url)
+        fs.rm(f"{path}/{META_FILE}")  # uncommit first: a cut-short delete is then ignored
+        fs.rm(path, recursive=True)
+    return old
+
+
+def latest_checkpoint(root: str) -> str | None:
+    """URL of the committed checkpoint with the highest version under `root`, or None."""
+    found = committed_checkpoints(root)
+    return found[-1] if found else None
 
 
 def restore_trainer(url: str, device: str = "cpu", model_path: str | None = None) -> AgentTrainer:

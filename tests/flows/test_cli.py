@@ -55,3 +55,9 @@ def test_train_rejects_bad_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     )
     assert main(["train", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
     assert "every micro-batch needs one whole episode" in capsys.readouterr().err
+    # out-of-range options name the option, without a traceback
+    for flag in ("--keep-checkpoints", "--train-slots", "--checkpoint-every"):
+        assert main(["train", str(cfg), flag, "0", "--run-dir", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag}: Input should be greater than or equal to 1 (got 0)" in err, err
+        assert "Traceback" not in err

@@ -58,6 +58,9 @@ def test_modes_are_consistent_from_the_store_alone(
         log = store.table(agent).consumption_log()
         assert sorted(log) == [0, 1, 2]
         assert [r["extra"]["version_after"] for r in log.values()] == [1, 2, 3]
+        ckpts = Path(out["store_url"].removeprefix("file://")) / out["run_id"] / "_checkpoints"
+        # every step checkpoints; only the newest 2 (the default) are kept
+        assert sorted(p.name for p in (ckpts / agent).iterdir()) == ["v000002", "v000003"]
         ids = store.table(agent).read().sample_id
         assert len(np.unique(ids)) == len(ids)  # no duplicate rows
     for name in ("reward_curve.png", "timeline.png", "summary.json", "run.json", "meg.mmd"):

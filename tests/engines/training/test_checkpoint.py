@@ -9,10 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engines.training.checkpoint import (
+    committed_checkpoints,
     export_hf,
     latest_checkpoint,
     load_checkpoint,
     maybe_checkpoint,
+    prune_checkpoints,
     restore_trainer,
     save_checkpoint,
 )
@@ -62,6 +64,26 @@ def test_every_k_and_latest(tiny_model: str, tmp_path: Path) -> None:
         load_checkpoint(f"{root}/v000004")
     with pytest.raises(ValueError, match="interval must be > 0"):
         maybe_checkpoint(tr, root, every=0)
+
+
+def test_keep_prunes_old_checkpoints_but_never_the_newest(tiny_model: str, tmp_path: Path) -> None:
+    tr = AgentTrainer("a", tiny_model, TrainConfig(lr=1e-3))
+    root = str(tmp_path / "ckpts")
+    (tmp_path / "ckpts" / "v000099").mkdir(parents=True)  # a write cut short: not committed
+    for s in range(4):
+        _train(tr, s)
+        maybe_checkpoint(tr, root, every=1, keep=2)
+    assert committed_checkpoints(root) == [f"{root}/v000003", f"{root}/v000004"]
+    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == [
+        "v000003",
+        "v000004",
+        "v000099",  # left alone: pruning only touches committed checkpoints
+    ]
+    restored = restore_trainer(latest_checkpoint(root) or "")
+    assert restored.version == 4
+    assert prune_checkpoints(root, keep=1) == [f"{root}/v000003"]
+    with pytest.raises(ValueError, match="checkpoints to keep must be >= 1"):
+        maybe_checkpoint(tr, root, every=1, keep=0)
 
 
 def test_load_state_rejects_foreign_state(tiny_model: str) -> None:
