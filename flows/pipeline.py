@@ -241,12 +241,11 @@ class Pipeline:
     def scores_for(self, agent: str, k: int, j: int) -> list[Any]:
         """The score tasks train(agent, k, j) waits for: those of A's nodes in micro-batch j,
         or in sync mode every score of step k (the barrier)."""
+        groups = range(len(self.groups))
         if self.ctx.mode == "sync":
-            return [h for (kk, _, _), h in self.score.items() if kk == k]
+            return [self.score[(k, jj, g)] for jj in range(self.cfg.micro_batches) for g in groups]
         nodes = {n for n, spec in self.ctx.spec.nodes.items() if spec.agent == agent}
-        return [
-            self.score[(k, j, g)] for g, grp in enumerate(self.groups) if nodes & set(grp.nodes)
-        ]
+        return [self.score[(k, j, g)] for g in groups if nodes & set(self.groups[g].nodes)]
 
     def submit_training(self, k: int) -> None:
         """train(A, k, j) per micro-batch, then one optimizer step per agent; priorities
@@ -303,12 +302,14 @@ class Pipeline:
         """Collect finished tasks (raising the first failure); returns how many finished.
 
         Results of all finished tasks are fetched in one batch (one request per worker)."""
-        done = [p for p in self._pending if self.ex.done(p[1])]
+        done: list[tuple[str, Any, str | None, int]] = []
+        still: list[tuple[str, Any, str | None, int]] = []
+        for p in self._pending:
+            (done if self.ex.done(p[1]) else still).append(p)
         if not done:
             return 0
         refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
-        finished = {id(p[1]) for p in done}
-        self._pending = [p for p in self._pending if id(p[1]) not in finished]
+        self._pending = still
         for (kind, _, host, est), ref in zip(done, refs, strict=True):
             self.results.append(ref)
             if ref.step in self.logs:
