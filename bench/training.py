@@ -1,6 +1,6 @@
 """Training Engine benchmark: train throughput, state swap cost, accumulation overhead.
 
-    python -m bench.training [--small] [--json PATH]
+    python -m bench.training [--small] [--json PATH] [--only {all,train,memory}]
 
 Keys (all measured in one run, medians over repetitions):
 - `train_tok_s`: tokens/s of forward+backward+AdamW on one slot (all non-pad tokens).
@@ -10,13 +10,29 @@ Keys (all measured in one run, medians over repetitions):
   tensor copy of the same bytes to and from the same place (target ≤ 1.5).
 - `swap_ms_url` / `swap_ratio_vs_copy_url`: the same through a local `file://` URL, over a
   plain `safetensors` save + load of the same tensors in the same folder.
+- `logprob_peak_mb_new` / `logprob_peak_mb_full` / `logprob_memory_ratio` (new / full,
+  target ≤ 0.3): peak host memory of ONE micro-batch forward + backward of
+  `(token_logprobs(...) * response_mask).sum()`, the chunked response-only path against the
+  full-vocabulary reference `_token_logprobs_full`, for a tied Qwen2-style model small enough
+  that the vocabulary dominates (`MEM_SIZES`; shape in `logprob_*` keys). Each variant runs
+  in a fresh `python` subprocess; its peak is `ru_maxrss` at the end minus the RSS right
+  after the model and inputs are built (on Linux the high-water mark is first reset to the
+  current RSS through /proc/self/clear_refs, so import-time peaks cannot hide it; a 16-token
+  warm-up of the same variant runs before the baseline, so first-use costs are excluded).
+  `logprob_ms_new` / `logprob_ms_full`: wall time of that forward + backward (one run);
+  `logprob_sum_rel_diff`: |Σ new − Σ full| / |Σ full| over the response logprobs.
+  Full size needs ~15 GB for the reference: `--only memory` runs just this part.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,9 +43,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
-from engines.training.batch import TrainMicroBatch, build_microbatch
+from engines.training.batch import (
+    TrainMicroBatch,
+    _token_logprobs_full,
+    build_microbatch,
+    token_logprobs,
+)
 from engines.training.slots import SlotManager
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Host, Location, StateStore, Url
@@ -53,6 +74,27 @@ SIZES = {
         hidden=256, layers=4, vocab=2048, batch=32, micro=4, prompt=32, response=96, reps=5
     ),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class MemSize:
+    """Shape of the logprob peak-memory comparison: b sequences of T tokens, the last R
+    of each are response tokens; a tied Qwen2-style model with one 64-dim head."""
+
+    vocab: int
+    seqs: int  # b
+    seq_len: int  # T
+    response: int  # R
+    chunk: int  # token_logprobs(chunk_tokens=...)
+    hidden: int = 64
+    layers: int = 2
+
+
+MEM_SIZES = {
+    "small": MemSize(vocab=32_000, seqs=2, seq_len=256, response=192, chunk=128),
+    "full": MemSize(vocab=151_936, seqs=8, seq_len=1024, response=768, chunk=1024),
+}
+_REPO = Path(__file__).resolve().parents[1]
 
 
 def build_model(path: Path, s: Size) -> str:
@@ -146,7 +188,113 @@ def bench_copy_file(tensors: dict[str, torch.Tensor], folder: Path, reps: int) -
     return _median_s(copy, reps)
 
 
-def run(size: str, threads: int) -> dict[str, float | str | int]:
+def _maxrss_bytes() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB on Linux
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the RSS high-water mark to the current RSS (Linux ≥ 4.0); False if unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _memory_worker(variant: str, size: str, threads: int) -> None:
+    """Subprocess body: one forward + backward of one variant; prints one JSON line."""
+    m = MEM_SIZES[size]
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=m.vocab,
+        hidden_size=m.hidden,
+        intermediate_size=2 * m.hidden,
+        num_hidden_layers=m.layers,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=m.seq_len,
+        tie_word_embeddings=True,
+    )
+    model = AutoModelForCausalLM.from_config(cfg)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, m.vocab, (m.seqs, m.seq_len), generator=g)
+    attn = torch.ones_like(ids)
+    resp = torch.zeros((m.seqs, m.seq_len), dtype=torch.float32)
+    resp[:, m.seq_len - m.response :] = 1.0
+    fn = {"new": token_logprobs, "full": _token_logprobs_full}[variant]
+    # warm-up on 16 tokens: first-use costs (library code pages, allocator and thread pools)
+    # land before the baseline, not in the measured peak
+    warm = torch.zeros((1, 16), dtype=torch.float32)
+    warm[:, 8:] = 1.0
+    (fn(model, ids[:1, :16], attn[:1, :16], warm, chunk_tokens=4) * warm).sum().backward()
+    model.zero_grad(set_to_none=True)
+    reset = _reset_peak_rss()
+    base = _maxrss_bytes()
+    t0 = time.perf_counter()
+    logp = fn(model, ids, attn, resp, chunk_tokens=m.chunk)
+    loss = (logp * resp).sum()
+    loss.backward()
+    wall = time.perf_counter() - t0
+    peak = _maxrss_bytes()
+    out = {"peak_bytes": peak - base, "wall_s": wall, "sum": float(loss), "reset": reset}
+    print(json.dumps(out), flush=True)
+
+
+def bench_logprob_memory(size: str, threads: int) -> dict[str, float | str | int]:
+    m = MEM_SIZES[size]
+    res: dict[str, dict[str, float]] = {}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(_REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    for variant in ("new", "full"):
+        code = (
+            "from bench.training import _memory_worker; "
+            f"_memory_worker({variant!r}, {size!r}, {threads})"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=_REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"logprob memory worker {variant!r} exited {proc.returncode}:\n"
+                f"{proc.stderr[-2000:]}"
+            )
+        res[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    new, full = res["new"], res["full"]
+    mb_new, mb_full = new["peak_bytes"] / 2**20, full["peak_bytes"] / 2**20
+    return {
+        "logprob_vocab": m.vocab,
+        "logprob_seqs": m.seqs,
+        "logprob_seq_len": m.seq_len,
+        "logprob_response_tokens": m.response,
+        "logprob_chunk_tokens": m.chunk,
+        "logprob_peak_mb_new": round(mb_new, 1),
+        "logprob_peak_mb_full": round(mb_full, 1),
+        "logprob_memory_ratio": round(mb_new / mb_full, 4),
+        "logprob_ms_new": round(new["wall_s"] * 1e3, 1),
+        "logprob_ms_full": round(full["wall_s"] * 1e3, 1),
+        "logprob_sum_rel_diff": abs(new["sum"] - full["sum"]) / abs(full["sum"]),
+    }
+
+
+def run(size: str, threads: int, only: str = "all") -> dict[str, float | str | int]:
+    out: dict[str, float | str | int] = {"size": size, "threads": threads}
+    if only in ("all", "train"):
+        out |= run_train(size, threads)
+    if only in ("all", "memory"):
+        out |= bench_logprob_memory(size, threads)
+    return out
+
+
+def run_train(size: str, threads: int) -> dict[str, float | str | int]:
     s = SIZES[size]
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,8 +312,6 @@ def run(size: str, threads: int) -> dict[str, float | str | int]:
         (root / "plain").mkdir()
         copy_file = bench_copy_file(state, root / "plain", reps)
     return {
-        "size": size,
-        "threads": threads,
         "state_mb": round(nbytes / 2**20, 2),
         "train_tok_s": round(train["train_tok_s"], 1),
         "grad_accum_overhead": round(train["grad_accum_overhead"], 3),
@@ -190,10 +336,16 @@ def main(argv: list[str] | None = None) -> dict[str, float | str | int]:
         help="torch intra-op threads (default 1: OpenMP spin-waits make multi-threaded "
         "timings swing 10x on a shared, oversubscribed machine)",
     )
+    ap.add_argument(
+        "--only",
+        choices=("all", "train", "memory"),
+        default="all",
+        help="train: throughput/swap keys; memory: the logprob peak-memory comparison",
+    )
     args = ap.parse_args(argv)
     old_threads = torch.get_num_threads()
     try:
-        res = run("small" if args.small else "full", args.threads)
+        res = run("small" if args.small else "full", args.threads, args.only)
     finally:
         torch.set_num_threads(old_threads)
     table = Table(title="Training Engine")

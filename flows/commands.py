@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engines.training import loss_names
 from flows.cli import command
 from flows.run import RunError
 from meg import MEGSpec, analyze, load_meg
@@ -33,7 +34,12 @@ def _config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
-    return load_meg(resolve_config(name), known_rewards=known_rewards(), check_models=check_models)
+    return load_meg(
+        resolve_config(name),
+        known_rewards=known_rewards(),
+        known_losses=loss_names(),
+        check_models=check_models,
+    )
 
 
 def _meg_show_args(p: argparse.ArgumentParser) -> None:
@@ -72,10 +78,20 @@ def meg_show(args: argparse.Namespace) -> int:
 
 
 def _tiny_args(p: argparse.ArgumentParser) -> None:
+    from workloads.families import family_names
+
     p.add_argument("out_dir", type=Path)
+    p.add_argument(
+        "--family",
+        choices=family_names(),
+        default="llama",
+        help="model family (architecture and its quirks); default: llama",
+    )
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument(
+        "--vocab", type=int, default=None, help="model vocabulary (default: the family's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--warm-start",
@@ -98,7 +114,12 @@ def tiny_model(args: argparse.Namespace) -> int:
     from workloads.tiny_model import build_tiny_model
 
     out = build_tiny_model(
-        args.out_dir, layers=args.layers, hidden=args.hidden, vocab=args.vocab, seed=args.seed
+        args.out_dir,
+        family=args.family,
+        layers=args.layers,
+        hidden=args.hidden,
+        vocab=args.vocab,
+        seed=args.seed,
     )
     print(f"tiny model written to {out}")
     if args.warm_start:
@@ -230,7 +251,8 @@ def train_cmd(args: argparse.Namespace) -> int:
         f"{out['per_step'][0]['team_reward'] if out['per_step'] else float('nan'):.3f} -> "
         f"{out['per_step'][-1]['team_reward'] if out['per_step'] else float('nan'):.3f} "
         f"(gain over 3 steps {out['reward_gain_last3_vs_first3']:+.3f}), consistency "
-        f"violations {c['violations']}/{c['rows_checked']} rows; run dir {out['run_dir']}"
+        f"violations {c['violations']}/{c['rows_checked']} rows, step accounting errors "
+        f"{c['accounting_errors']}; run dir {out['run_dir']}"
     )
     return 0
 

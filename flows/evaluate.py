@@ -27,6 +27,7 @@ import numpy as np
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from engines.training import loss_names
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from meg import MEGSpec, load_meg, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
@@ -255,7 +256,12 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     """Greedy rewards per node, per agent and for the team on the chosen split."""
     t0 = time.time()
     check_checkpoint(p.base, p.checkpoint)
-    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards(), check_models=p.base)
+    spec = load_meg(
+        resolve_config(p.config),
+        known_rewards=known_rewards(),
+        known_losses=loss_names(),
+        check_models=p.base,
+    )
     items = eval_tasks(spec, p.split, p.limit)
     tasks = {f"eval{i}": item for i, item in enumerate(items)}
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as tmp:

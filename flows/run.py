@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.training import loss_names
 from engines.training.checkpoint import latest_checkpoint
 from meg import MEGSpec, validate
 from storage.store import MEGStore
@@ -78,7 +79,10 @@ def load_run(run_dir: Path) -> Run:
     try:
         rec = json.loads(path.read_text())
         spec = validate(
-            MEGSpec.model_validate(rec["spec"]), source=str(path), known_rewards=known_rewards()
+            MEGSpec.model_validate(rec["spec"]),
+            source=str(path),
+            known_rewards=known_rewards(),
+            known_losses=loss_names(),
         )
         ctx = RunContext(
             rec["run_id"],
@@ -91,6 +95,7 @@ def load_run(run_dir: Path) -> Run:
             rec["checkpoint_every"],
             rec.get("storage_options"),
             rec.get("keep_checkpoints", 2),  # runs from before pruning existed: the default
+            rec["steps"],
         )
         return Run(
             run_dir,

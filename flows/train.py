@@ -18,6 +18,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from engines.training import loss_names
 from flows.artifacts import publish, reward_curve, timeline
 from flows.cluster import ClusterConfig, Workers, dask_cluster
 from flows.executors import DaskExecutor, PrefectExecutor
@@ -78,7 +79,9 @@ def check(p: TrainParams) -> None:
             f"{p.run_dir} already holds a run; use --resume {p.run_dir} to continue "
             "it, or choose another --run-dir"
         )
-    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards())
+    spec = load_meg(
+        resolve_config(p.config), known_rewards=known_rewards(), known_losses=loss_names()
+    )
     r = spec.run
     try:
         scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
@@ -95,7 +98,9 @@ def prepare(p: TrainParams) -> Run:
     """Phase 1: a new run from the config, or the resume point of an existing run."""
     if p.resume:
         return resume_point(load_run(Path(p.resume)))
-    spec = load_meg(resolve_config(p.config), known_rewards=known_rewards())
+    spec = load_meg(
+        resolve_config(p.config), known_rewards=known_rewards(), known_losses=loss_names()
+    )
     r = spec.run
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
@@ -117,6 +122,7 @@ def prepare(p: TrainParams) -> Run:
         train_slots=p.cluster.train_slots,
         checkpoint_every=p.checkpoint_every or r.checkpoint_every or 1,
         keep_checkpoints=p.keep_checkpoints or r.keep_checkpoints,
+        steps=p.steps or r.steps,
     )
     run = Run(
         run_dir,

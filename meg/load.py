@@ -8,7 +8,7 @@ by the caller, so `meg` imports nothing of the project.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE, known_fanouts
 from meg.graph import children_map, find_cycle
-from meg.spec import NAME, MEGSpec
+from meg.spec import NAME, MEGSpec, PlacementSpec
 from meg.template import RESERVED, placeholders
 from meg.unroll import unroll_exchange
 
@@ -100,9 +100,11 @@ def validate(
     *,
     source: str = "<memory>",
     known_rewards: Collection[str] | None = None,
+    known_losses: Mapping[str, Collection[str]] | None = None,
     check_models: bool = True,
 ) -> MEGSpec:
-    """Cross-field rules. `known_rewards=None` skips the reward-name check."""
+    """Cross-field rules. `known_rewards=None` skips the reward-name check; `known_losses`
+    maps a `LossSpec` field (`advantage`, `policy_loss`, ...) to its registered names."""
 
     def fail(msg: str, field: str) -> MEGError:
         return MEGError(msg, source=source, field=field)
@@ -162,6 +164,7 @@ def validate(
     for node_name in spec.team_nodes or []:
         if node_name not in spec.nodes:
             raise fail(f"unknown node {node_name!r}", "team_nodes")
+    check_agents(spec, fail, known_losses or {})
     ds = spec.dataset
     if (ds.generator is None) == (ds.url is None):
         raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")
@@ -181,10 +184,44 @@ def validate(
     return spec
 
 
+def check_agents(
+    spec: MEGSpec, fail: Callable[[str, str], MEGError], known: Mapping[str, Collection[str]]
+) -> None:
+    """Every agent field is honoured by the engines or rejected here, naming the field."""
+    for name, agent in spec.agents.items():
+        where = f"agents.{name}"
+        for fld, names in known.items():
+            value = getattr(agent.loss, fld)
+            if value not in names:
+                raise fail(
+                    f"unknown {fld.replace('_', ' ')} {value!r}; known: {', '.join(sorted(names))}",
+                    f"{where}.loss.{fld}",
+                )
+        loss = agent.loss
+        if loss.clip_eps >= 1.0 or (loss.clip_eps_high is not None and loss.clip_eps_high >= 1.0):
+            raise fail(
+                "clip ranges must be below 1 (the ratio is clipped to [1 - eps, 1 + eps_high]); "
+                f"got clip_eps={loss.clip_eps}, clip_eps_high={loss.clip_eps_high}",
+                f"{where}.loss",
+            )
+        if agent.lora:
+            raise fail(
+                "LoRA agents are not supported yet; remove `lora: true` to train full weights",
+                f"{where}.lora",
+            )
+        if agent.placement != PlacementSpec():
+            raise fail(
+                "placement hints are not supported yet (the balancer places rollouts from "
+                "measured load and each agent trains on one training worker); remove `placement`",
+                f"{where}.placement",
+            )
+
+
 def load_meg(
     path: str | Path,
     *,
     known_rewards: Collection[str] | None = None,
+    known_losses: Mapping[str, Collection[str]] | None = None,
     check_models: bool = True,
 ) -> MEGSpec:
     """Read, build and validate a MEG config file."""
@@ -197,4 +234,10 @@ def load_meg(
     except OSError as e:
         raise MEGError(f"cannot read: {e.strerror}", source=source) from None
     spec = build_spec(parse_yaml(text, source), source)
-    return validate(spec, source=source, known_rewards=known_rewards, check_models=check_models)
+    return validate(
+        spec,
+        source=source,
+        known_rewards=known_rewards,
+        known_losses=known_losses,
+        check_models=check_models,
+    )

@@ -25,8 +25,20 @@ class _Frozen(BaseModel):
 class SamplingSpec(_Frozen):
     """Sampling defaults of an agent; a node may override `max_tokens`."""
 
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        description="Sampling temperature (> 0: greedy decoding is not a policy to train). The "
+        "trainer's logprobs use the same temperature (logits / T).",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling. Below 1 the sampler's logprobs are renormalised in the "
+        "nucleus, which the trainer's full-vocabulary logprobs are not: keep 1 for training "
+        "unless the truncated importance weight (loss.is_cap) is meant to absorb the gap.",
+    )
     max_tokens: int = Field(32, ge=1)
 
 
@@ -34,17 +46,37 @@ class OptimSpec(_Frozen):
     lr: float = Field(1e-5, gt=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
+    grad_clip: float = Field(
+        1.0, ge=0.0, description="Max global gradient norm; 0 disables clipping."
+    )
 
 
 class LossSpec(_Frozen):
-    """Names resolve through the training engine's registries (checked when training starts)."""
+    """Names resolve through the training engine's registries; `meg validate` checks them
+    (the caller passes the known names, so `meg` imports nothing of the engines)."""
 
     advantage: str = "grpo"
     policy_loss: str = "grpo"
     aggregation: str = "token-mean"
     clip_eps: float = Field(0.2, gt=0.0)
-    kl_coef: float = Field(0.0, ge=0.0)
+    clip_eps_high: float | None = Field(
+        None, gt=0.0, description="Upper clip (DAPO clip-higher); default: clip_eps."
+    )
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="Dual-clip PPO: cap a negative-advantage token's loss at c·|A|."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="β of the k3 KL to the agent's initial weights (0: no KL)."
+    )
+    old_logprobs: str = Field(
+        "recompute",
+        description="PPO anchor: `recompute` (the trainer's own logprobs before the update, "
+        "plus a truncated importance weight for the sampler gap) or `behaviour` (the "
+        "sampler's stored logprobs).",
+    )
+    is_cap: float = Field(
+        2.0, ge=1.0, description="Cap of the truncated importance weight (recompute anchor)."
+    )
 
 
 class PlacementSpec(_Frozen):
@@ -60,11 +92,16 @@ class AgentSpec(_Frozen):
     model: str = Field(description="Local model directory or Hugging Face hub name.")
     tokenizer: str | None = Field(None, description="Defaults to `model`.")
     backend: Literal["vllm", "hf"] = "vllm"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Precision of the trainer and of the rollout engine."
+    )
     sampling: SamplingSpec = SamplingSpec()
     optim: OptimSpec = OptimSpec()
     loss: LossSpec = LossSpec()
-    placement: PlacementSpec = PlacementSpec()
-    lora: bool = False
+    placement: PlacementSpec = Field(
+        PlacementSpec(), description="Not supported yet: only the defaults validate."
+    )
+    lora: bool = Field(False, description="Not supported yet: only `false` validates.")
 
 
 class NodeSpec(_Frozen):

@@ -26,6 +26,11 @@ class RunContext:
     checkpoint_every: int = 1
     storage_options: dict[str, Any] | None = None
     keep_checkpoints: int = 2
+    steps: int = 0  # steps of the whole run: the last one is always checkpointed (final export)
+
+    @property
+    def last_step(self) -> int:
+        return self.steps - 1
 
     @property
     def state_url(self) -> str:

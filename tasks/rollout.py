@@ -71,17 +71,28 @@ def _encode_cached(path: str, text: str) -> tuple[int, ...]:
 
 
 def ensure_weights(ctx: RunContext, host: Any, agent: str, min_version: int) -> int:
-    """Bring the host to the newest published version (≥ `min_version`); return it."""
+    """Bring the host to the version this rollout must sample with; return it.
+
+    `flex` and `sync` need exactly `min_version` (zero staleness: a newer policy would break
+    the consistency rule as surely as an older one); `async(η)` takes the newest published
+    version at or above it."""
     if min_version == 0 and host.version == 0:
         return 0
     state = state_of(ctx)
+    exact = ctx.mode != "async"
     latest = latest_published(state, agent)
     if latest is None or latest < min_version:
         raise RuntimeError(
             f"agent {agent!r}: version {min_version} is required but the newest published "
             f"is {latest}; the optimizer-step task should have published it"
         )
-    host.ensure_version(latest, lambda: state.get(weights_key(agent, latest), to=HostMem())[0])
+    version = min_version if exact else latest
+    if exact and host.version > version:
+        raise RuntimeError(
+            f"agent {agent!r}: the host already holds version {host.version}, but this "
+            f"{ctx.mode} rollout must sample with version {version}"
+        )
+    host.ensure_version(version, lambda: state.get(weights_key(agent, version), to=HostMem())[0])
     return int(host.version)
 
 

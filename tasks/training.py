@@ -4,8 +4,11 @@
 manager swaps the least-recently-used agent out through the StateStore if none is free),
 reads A's scored rows of (k, j) from the store, and accumulates gradients. Pending gradients
 are part of the swapped state, so another agent may use the slot between two micro-batches.
-`optimizer_step(A, k)` steps once, publishes version k+1 for the rollout hosts, checkpoints,
-and writes the consumption log that makes the consistency rule auditable from the store.
+`optimizer_step(A, k)` steps once — only on exactly the step's micro-batches (see
+`tasks.accounting`, which also rebuilds a trainer a dead worker lost) — publishes version
+k+1 for the rollout hosts, writes the consumption log that makes the consistency rule
+auditable from the store, and checkpoints (always at the run's last step, so the final
+export is the last step's weights whatever `checkpoint_every` says).
 """
 
 from __future__ import annotations
@@ -16,13 +19,19 @@ from typing import Any
 import numpy as np
 from prefect import task
 
-from engines.training.batch import build_microbatch
-from engines.training.checkpoint import latest_checkpoint, maybe_checkpoint, restore_trainer
+from engines.training.checkpoint import (
+    checkpoint_dir,
+    latest_checkpoint,
+    maybe_checkpoint,
+    prune_checkpoints,
+    restore_trainer,
+    save_checkpoint,
+)
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
-from storage.schema import SampleBatch, SegmentKey
+from tasks.accounting import accumulate_part, already_stepped, catch_up, read_scored
 from tasks.context import RunContext, Stopwatch, Timing
-from tasks.worker import slots_of, state_of, store_of, tokenizer_of
+from tasks.worker import slots_of, state_of, store_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +60,7 @@ class StepRef:
 
 
 def train_config(ctx: RunContext, agent: str) -> TrainConfig:
-    a = ctx.spec.agents[agent]
-    return TrainConfig(
-        lr=a.optim.lr,
-        betas=a.optim.betas,
-        weight_decay=a.optim.weight_decay,
-        grad_clip=a.optim.grad_clip,
-        advantage=a.loss.advantage,
-        policy_loss=a.loss.policy_loss,
-        aggregation=a.loss.aggregation,
-        clip_eps=a.loss.clip_eps,
-        kl_coef=a.loss.kl_coef,
-        seed=ctx.seed,
-    )
+    return TrainConfig.from_agent(ctx.spec.agents[agent], seed=ctx.seed)
 
 
 def trainer_factory(ctx: RunContext, agent: str) -> Any:
@@ -77,35 +74,6 @@ def trainer_factory(ctx: RunContext, agent: str) -> Any:
         return AgentTrainer(agent, model, train_config(ctx, agent), device)
 
     return build
-
-
-def nodes_of(ctx: RunContext, agent: str) -> list[str]:
-    return [n for n, spec in ctx.spec.nodes.items() if spec.agent == agent]
-
-
-def read_scored(
-    ctx: RunContext, agent: str, step: int, mb: int
-) -> tuple[SampleBatch, tuple[str, ...]]:
-    table = store_of(ctx).table(agent)
-    found = (table.has_segment(SegmentKey(step, mb, n)) for n in nodes_of(ctx, agent))
-    infos = [i for i in found if i is not None]
-    batch = table.read(segments=[i.segment_id for i in infos])
-    if len(batch) and not np.all(np.isfinite(batch.advantage)):
-        raise RuntimeError(f"agent {agent!r} step {step} micro-batch {mb}: rows are not all scored")
-    return batch, tuple(i.segment_id for i in infos)
-
-
-def already_stepped(ctx: RunContext, agent: str, step: int) -> dict[str, Any] | None:
-    """The consumption record of (agent, step) if that step's result is also checkpointed.
-
-    A logged step whose checkpoint was lost (checkpoint_every > 1) must run again from the
-    older checkpoint; re-recording the same segments and versions is then a no-op."""
-    logged = store_of(ctx).table(agent).consumption(step)
-    if logged is None:
-        return None
-    ckpt = latest_checkpoint(ctx.checkpoint_root(agent))
-    have = int(ckpt.rstrip("/").rsplit("/v", 1)[1]) if ckpt else 0
-    return logged if have >= int(logged["extra"]["version_after"]) else None
 
 
 def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainRef:
@@ -124,20 +92,10 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
     slots = slots_of(ctx)
     trainer = slots.acquire(agent, trainer_factory(ctx, agent))
     try:
-        if not trainer.pending:
-            trainer.begin_step()  # normalisers are taken at step(): micro-batches stream in
+        catch_up(ctx, trainer, agent, step, mb)  # a rebuilt trainer replays what it lost
         loss = 0.0
-        if len(batch):
-            pad = tokenizer_of(ctx, agent).pad_token_id or 0
-            n = len(batch)
-            mbt = build_microbatch(
-                [batch.prompt(i).tolist() for i in range(n)],
-                [batch.response(i).tolist() for i in range(n)],
-                [batch.logprob(i).tolist() for i in range(n)],
-                batch.advantage.tolist(),
-                pad,
-            )
-            loss = trainer.accumulate(mbt)["loss"]
+        if mb not in trainer.accumulated:  # a re-run after the step's kill already has it
+            loss = accumulate_part(ctx, trainer, agent, step, mb, batch)
     finally:
         slots.release(agent)
     return done(loss)
@@ -161,30 +119,37 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
     slots = slots_of(ctx)
     trainer = slots.acquire(agent, trainer_factory(ctx, agent))
     try:
+        catch_up(ctx, trainer, agent, step, len(trains))
         version_before = trainer.version
-        result = trainer.step()
+        result = trainer.step(expect={t.micro_batch: (t.tokens, t.rows) for t in trains})
         publish_weights(state_of(ctx), agent, result.version, trainer.weights())
-        if ctx.checkpoint_every:
+        # the record first, the checkpoint second: a kill in between leaves a logged step
+        # without its checkpoint, which is replayed from the store, never applied twice
+        table.record_consumption(
+            step,
+            [s for t in trains for s in t.segment_ids],
+            sorted({v for t in trains for v in t.versions}),
+            extra={
+                "version_before": version_before,
+                "version_after": result.version,
+                "skipped": result.skipped,
+                "loss": result.loss,
+                "grad_norm": result.grad_norm,
+                "mode": ctx.mode,
+                "staleness": ctx.staleness,
+                "rows": sum(t.rows for t in trains),
+                "trained": [[j, tok, seq] for j, (tok, seq) in sorted(result.parts.items())],
+            },
+        )
+        if step == ctx.last_step:  # the final export is the last step's weights
+            save_checkpoint(trainer, checkpoint_dir(ctx.checkpoint_root(agent), trainer.version))
+            prune_checkpoints(ctx.checkpoint_root(agent), ctx.keep_checkpoints)
+        elif ctx.checkpoint_every:
             maybe_checkpoint(
                 trainer, ctx.checkpoint_root(agent), ctx.checkpoint_every, ctx.keep_checkpoints
             )
     finally:
         slots.release(agent)
-    table.record_consumption(
-        step,
-        [s for t in trains for s in t.segment_ids],
-        sorted({v for t in trains for v in t.versions}),
-        extra={
-            "version_before": version_before,
-            "version_after": result.version,
-            "skipped": result.skipped,
-            "loss": result.loss,
-            "grad_norm": result.grad_norm,
-            "mode": ctx.mode,
-            "staleness": ctx.staleness,
-            "rows": sum(t.rows for t in trains),
-        },
-    )
     return StepRef(
         agent,
         step,

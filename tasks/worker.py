@@ -85,8 +85,23 @@ def slots_of(ctx: RunContext) -> Any:
         forget_other_runs(ctx.run_id)
     with _LOCK:
         if key not in _SLOTS:
-            _SLOTS[key] = SlotManager(ctx.train_slots, state_of(ctx), offload_to=Host())
+            _SLOTS[key] = SlotManager(
+                ctx.train_slots,
+                state_of(ctx),
+                offload_to=Host(),
+                devices=slot_devices(ctx.train_slots),
+            )
         return _SLOTS[key]
+
+
+def slot_devices(n: int) -> tuple[str, ...]:
+    """The devices of this worker's `n` training slots: its own GPUs round-robin when it
+    sees any (a dask-cuda worker sees one, as cuda:0), else the CPU. Found on the worker,
+    never configured on the driver, whose devices may differ."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return tuple(f"cuda:{i % gpus}" for i in range(n)) if gpus else ("cpu",) * n
 
 
 def host_of(ctx: RunContext, agent: str) -> Any:
@@ -102,7 +117,7 @@ def host_of(ctx: RunContext, agent: str) -> Any:
         if not other.startswith(f"{ctx.run_id}/"):
             drop_host(other)
     spec = ctx.spec.agents[agent]
-    return get_host(key, spec.backend, spec.model.removeprefix("hf://"))
+    return get_host(key, spec.backend, spec.model.removeprefix("hf://"), dtype=spec.dtype)
 
 
 def forget_other_runs(run_id: str) -> None:

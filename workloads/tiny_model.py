@@ -1,10 +1,12 @@
-"""Tiny local models: a seeded Llama-style model plus a byte-level BPE tokenizer.
+"""Tiny local models: a seeded model of a real family plus a byte-level BPE tokenizer.
 
 Nothing can be downloaded at run time on the development machines, so every test, example
-and benchmark builds its model here. The model is a plain `LlamaForCausalLM` saved with
+and benchmark builds its model here. By default the model is a plain `LlamaForCausalLM` saved with
 safetensors and the tokenizer a `PreTrainedTokenizerFast`, so the same directory loads in
 `transformers` and in vLLM (the head dim defaults to 64, which vLLM's CPU attention kernels
-accept; odd head dims are not safe there).
+accept; odd head dims are not safe there). Other families (Qwen2, Qwen3, GPT-2, Gemma: tied
+embeddings, biases, q/k norm, dropout, a 151,936-row vocabulary) come from the registry in
+`workloads.families`; the default `llama` family is byte-identical to the original model.
 
 Determinism: for one seed and one corpus the weight file is byte-identical across builds
 (`torch.manual_seed` before construction, safetensors with fixed metadata), so tests can
@@ -75,25 +77,35 @@ def train_tokenizer(corpus: Iterable[str], vocab: int):  # -> PreTrainedTokenize
     )
 
 
+TOKENIZER_MAX_VOCAB = 512  # the BPE tokenizer never grows past this, whatever the model vocab
+
+
 def build_tiny_model(
     out_dir: str | Path,
     *,
+    family: str = "llama",
     layers: int = 2,
     hidden: int = 128,
     heads: int = 2,
     intermediate: int = 256,
-    vocab: int = 512,
+    vocab: int | None = None,
     max_positions: int = 512,
     seed: int = 0,
     corpus: Iterable[str] | None = None,
 ) -> Path:
-    """Build and save a seeded tiny Llama + tokenizer into `out_dir`; return the directory.
+    """Build and save a seeded tiny model of `family` + tokenizer into `out_dir`; return it.
 
-    `vocab` is the model's embedding size and the tokenizer's target size; byte-level BPE
-    needs 256 byte tokens + 3 specials, so `vocab` must be at least 259.
+    `family` is one of `workloads.families.FAMILIES` (llama, qwen2, qwen3, gpt2, gemma).
+    `vocab` is the model's embedding size (None: the family's default, 512 for llama/gpt2/
+    gemma, 151936 for qwen2/qwen3). The tokenizer is trained to `min(vocab, 512)` tokens; a
+    model vocabulary larger than the tokenizer is normal (real Qwen checkpoints have 151,665
+    tokens for 151,936 embeddings). Byte-level BPE needs 256 byte tokens + 3 specials, so
+    `vocab` must be at least 259.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from workloads.families import Sizes, get_family
 
+    fam = get_family(family)
+    vocab = fam.default_vocab if vocab is None else vocab
     if vocab < 259:
         raise ValueError(f"vocab={vocab} is too small: byte-level BPE needs >= 259 tokens")
     if hidden % heads:
@@ -101,32 +113,34 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tokenizer(corpus if corpus is not None else default_corpus(seed=seed), vocab)
+    tokenizer = train_tokenizer(
+        corpus if corpus is not None else default_corpus(seed=seed),
+        min(vocab, TOKENIZER_MAX_VOCAB),
+    )
     if len(tokenizer) > vocab:  # cannot happen with BpeTrainer, but never save a broken pair
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens > model vocab {vocab}")
 
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=max_positions,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-        dtype="float32",
+    sizes = Sizes(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        intermediate=intermediate,
+        vocab=vocab,
+        max_positions=max_positions,
+        bos=tokenizer.bos_token_id,
+        eos=tokenizer.eos_token_id,
+        pad=tokenizer.pad_token_id,
     )
+    config = fam.make_config(sizes)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = fam.model_class()(config)
     model.generation_config.do_sample = True  # a policy, not a greedy decoder
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / "flexmarl_tiny.json").write_text(
         json.dumps(
             {
+                "family": family,
                 "layers": layers,
                 "hidden": hidden,
                 "heads": heads,

@@ -1,12 +1,14 @@
 """The rollout backend protocol: token ids in, token ids + behaviour logprobs out.
 
 Both backends (`vllm`, `hf`) return, for every sampled token, its log-probability under the
-*raw model distribution at temperature 1* — `log_softmax(logits)[token]` of a plain forward
-pass, before temperature, top-p or any other sampling processor. That is exactly what a
-trainer recomputes with a forward pass, so the stored behaviour logprobs and the trainer's
-logprobs agree up to float noise (tested to ~1e-3 on the tiny model) whenever the weights
-are the same. The sampling itself does use `temperature` / `top_p`; an off-policy
-correction that wants the *sampling* distribution must apply them itself.
+distribution it was *sampled from*: `log_softmax(logits / T)` restricted to the top-p
+nucleus (vLLM's `processed_logprobs`). That is the behaviour policy μ exactly. The trainer
+computes `log_softmax(logits / T)` over the whole vocabulary (as verl and TRL do), so with
+`top_p = 1` (the default) the two agree up to float noise whenever the weights are the same;
+with `top_p < 1` the stored logprob is the renormalised in-nucleus one, ≥ the trainer's, and
+the truncated importance weight of the `recompute` anchor absorbs the gap (losses.py).
+Storing temperature-1 logprobs while sampling at T ≠ 1 would make the trainer optimise the
+T = 1 policy while the sampler follows another one.
 
 Response ids include the stop token when generation stops on EOS or a stop id (so the
 trainer learns to stop); `finish_reason` is "stop" in that case and "length" when the
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
+
+from engines.families import max_positions
 
 FINISH_REASONS = ("stop", "length")
 
@@ -144,8 +148,7 @@ def check_model_dir(model_path: str | Path) -> Path:
 
 
 def config_max_positions(model_dir: Path) -> int:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    return int(cfg.get("max_position_embeddings", 2048))
+    return max_positions(json.loads((model_dir / "config.json").read_text()))
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], context: int, vocab: int) -> None:

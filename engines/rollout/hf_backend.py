@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engines.families import checkpoint_names
 from engines.rollout.base import (
     Completion,
     SamplingParams,
@@ -27,6 +28,19 @@ from engines.rollout.base import (
 )
 
 
+def processed_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """logits / T with everything outside the top-p nucleus at −inf: the sampling
+    distribution, whose log_softmax is the stored behaviour logprob. (R, V) → (R, V)."""
+    scaled = logits / temperature  # (R, V)
+    if top_p >= 1.0:
+        return scaled
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_p, idx = probs.sort(dim=-1, descending=True)  # (R, V)
+    drop_sorted = (sorted_p.cumsum(-1) - sorted_p) > top_p  # keep the smallest set reaching top_p
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, idx, drop_sorted)
+    return scaled.masked_fill(drop, float("-inf"))
+
+
 def sample_tokens(
     logits: Tensor, temperature: float, top_p: float, gen: torch.Generator | None
 ) -> Tensor:
@@ -34,12 +48,7 @@ def sample_tokens(
 
     logits: (R, V) float32 → (R,) int64.
     """
-    probs = torch.softmax(logits / temperature, dim=-1)  # (R, V)
-    if top_p < 1.0:
-        sorted_p, idx = probs.sort(dim=-1, descending=True)  # (R, V)
-        drop = (sorted_p.cumsum(-1) - sorted_p) > top_p  # keep the smallest set reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, idx, sorted_p)
+    probs = torch.softmax(processed_logits(logits, temperature, top_p), dim=-1)  # (R, V)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)  # (R,)
 
 
@@ -113,8 +122,9 @@ class HFBackend:
         lps: list[list[float]] = [[] for _ in rows]
         reason: list[str | None] = [None] * len(rows)
         for _ in range(max(budgets)):
-            logp = torch.log_softmax(logits, dim=-1)  # (R, V) raw, temperature 1
-            tok = sample_tokens(logits, params.temperature, params.top_p, gen)  # (R,)
+            processed = processed_logits(logits, params.temperature, params.top_p)  # (R, V)
+            logp = torch.log_softmax(processed, dim=-1)  # (R, V) the sampling distribution
+            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)  # (R,)
             tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)  # (R,)
             for r, (t, lp) in enumerate(zip(tok.tolist(), tok_lp.tolist(), strict=True)):
                 if reason[r] is not None:
@@ -147,7 +157,8 @@ class HFBackend:
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
         sd = self.model.state_dict()
-        check_weights(tensors, {k: tuple(v.shape) for k, v in sd.items()}, self.version, version)
-        for k, v in sd.items():
-            v.copy_(tensors[k].to(device=v.device, dtype=v.dtype))
+        names = checkpoint_names(self.model)  # a tied alias follows its source
+        check_weights(tensors, {k: tuple(sd[k].shape) for k in names}, self.version, version)
+        for k in names:
+            sd[k].copy_(tensors[k].to(device=sd[k].device, dtype=sd[k].dtype))
         self.version = version

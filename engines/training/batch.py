@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
 
 
@@ -103,9 +104,171 @@ def build_microbatch(
     return TrainMicroBatch(ids, attn, resp, old, adv, ref)
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """log πθ(x_t | x_<t) for every position, float32, column 0 = 0. (b,T) → (b,T)."""
+# ---- token logprobs ---------------------------------------------------------------------------
+#
+# Logit post-processing that HF causal LMs apply *after* `lm_head` in their `*ForCausalLM.forward`
+# (so it is missing when the head is applied to the backbone's hidden states here). Keyed by
+# `config.model_type` rather than by attribute name alone: e.g. MPT's config has a `logit_scale`
+# that its HF modeling code never uses. Final-logit soft-capping (`final_logit_softcapping`:
+# Gemma 2/3/3n/4, nanochat) is read from any text config that sets it.
+_LOGIT_MULTIPLIER: dict[str, str] = {  # logits * config.<attr>
+    "cohere": "logit_scale",
+    "cohere2": "logit_scale",
+    "cohere2_moe": "logit_scale",
+    "falcon_h1": "lm_head_multiplier",
+}
+_LOGIT_DIVISOR: dict[str, str] = {  # logits / config.<attr> (MiniCPM3 divides the hidden states)
+    "granite": "logits_scaling",
+    "granitemoe": "logits_scaling",
+    "granitemoeshared": "logits_scaling",
+    "granitemoehybrid": "logits_scaling",
+    "granitemoe_swa": "logits_scaling",
+    "minicpm3": "logits_scaling",
+}
+
+
+def _logit_transform(model: torch.nn.Module) -> tuple[float, float | None]:
+    """(scale, softcap) so that the model's logits = softcap(scale · lm_head(h))."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return 1.0, None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kind = getattr(text, "model_type", "")
+    scale = 1.0
+    if kind in _LOGIT_MULTIPLIER:
+        scale = float(getattr(text, _LOGIT_MULTIPLIER[kind]))
+    elif kind in _LOGIT_DIVISOR:
+        scale = 1.0 / float(getattr(text, _LOGIT_DIVISOR[kind]))
+    cap = getattr(text, "final_logit_softcapping", None)
+    return scale, None if cap is None else float(cap)
+
+
+def _positions(input_ids: Tensor, response_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(rows, cols) of the scored tokens: response positions, or every column 1..T-1."""
+    if response_mask is None:
+        sel = torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
+        sel[:, 0] = False
+    else:
+        if response_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"response_mask {tuple(response_mask.shape)} != input_ids {tuple(input_ids.shape)}"
+            )
+        sel = response_mask.to(device=input_ids.device) != 0
+        if bool(sel[:, 0].any()):
+            raise ValueError("response_mask[:, 0] must be 0: the first token has no prediction")
+    rows, cols = sel.nonzero(as_tuple=True)  # row-major order, (N,) each
+    return rows, cols
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module,
+    h: Tensor,  # (n,H) hidden states of the predicting positions
+    targets: Tensor,  # (n,) long
+    scale: float,
+    softcap: float | None,
+    temperature: float,
+) -> Tensor:  # (n,) float32
+    logits = head(h).float()  # (n,V)
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)  # (n,V): = logits - logsumexp(logits)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+) -> Tensor:
+    """log softmax(logits / temperature)[x_t] at the response positions, 0 elsewhere.
+
+    (b,T) → (b,T) float32, differentiable; `response_mask=None` scores every position
+    1..T-1 (column 0 has no prediction). Equal to `_token_logprobs_full` at the scored
+    positions, but never materialises (b,T,V) logits:
+
+    1. the backbone (`model.get_decoder()`, which is the `*Model` of Llama/Qwen2/Qwen3/GPT-2/
+       Gemma/Cohere/Granite causal LMs) gives hidden states (b,T,H), incl. the final norm;
+    2. the hidden states at t-1 of every scored token t are gathered into (N,H);
+    3. `model.get_output_embeddings()` (the lm_head; tied or not) is applied in chunks of
+       `chunk_tokens` rows, each under a non-reentrant activation checkpoint, so backward
+       recomputes that chunk's (chunk_tokens, V) logits instead of keeping all N×V alive.
+       The chunk takes `log_softmax(...).gather(...)` (= logit − logsumexp): its backward is
+       the reference's per element, and it keeps one (chunk, V) buffer fewer than
+       `gather − logsumexp` (peak ≈ 3 such buffers in backward);
+    4. family-specific logit post-processing is applied in float32: the multipliers in
+       `_LOGIT_MULTIPLIER`/`_LOGIT_DIVISOR` and Gemma's `final_logit_softcapping`. A family
+       whose `*ForCausalLM.forward` does anything else between `lm_head` and the returned
+       logits (or whose backbone output is not what the head consumes) needs an entry there.
+
+    Models without `get_decoder`/`get_output_embeddings` (not an HF causal LM) fall back to
+    the full-vocabulary path. Train/eval mode is left as the caller set it.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    head = get_head() if callable(get_head) else None
+    if decoder is None or decoder is model or head is None:
+        return _token_logprobs_full(
+            model, input_ids, attention_mask, response_mask, temperature=temperature
+        )
+    rows, cols = _positions(input_ids, response_mask)
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    if rows.numel() == 0:  # nothing to score: still usable in `(logp * mask).sum().backward()`
+        return out.requires_grad_(torch.is_grad_enabled())
+    out_dec = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out_dec[0]  # (b,T,H) last_hidden_state (ModelOutput or tuple)
+    h = hidden[rows, cols - 1]  # (N,H): position t-1 predicts token t
+    targets = input_ids[rows, cols]  # (N,)
+    scale, softcap = _logit_transform(model)
+    parts = []
+    for s in range(0, h.shape[0], chunk_tokens):
+        parts.append(
+            torch.utils.checkpoint.checkpoint(
+                _chunk_logprobs,
+                head,
+                h[s : s + chunk_tokens],
+                targets[s : s + chunk_tokens],
+                scale,
+                softcap,
+                temperature,
+                use_reentrant=False,
+            )
+        )
+    picked = torch.cat(parts) if len(parts) > 1 else parts[0]  # (N,)
+    return out.index_put((rows, cols), picked)
+
+
+def _token_logprobs_full(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+) -> Tensor:
+    """Reference: the full-vocabulary float32 log_softmax over every position (b,T,V).
+
+    Same signature and result as `token_logprobs` (`chunk_tokens` is ignored); memory is
+    O(b·T·V), kept for tests and `bench/training.py`.
+    """
+    del chunk_tokens
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (b,T-1,V)
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # (b,T-1,V)
     picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (b,T-1)
-    return F.pad(picked, (1, 0))  # (b,T)
+    picked = F.pad(picked, (1, 0))  # (b,T)
+    if response_mask is None:
+        return picked
+    return torch.where(response_mask.to(picked.device) != 0, picked, 0.0)

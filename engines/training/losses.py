@@ -3,14 +3,28 @@
 All losses share one signature::
 
     fn(logprobs (B,T), old_logprobs (B,T), advantages (B,), mask (B,T), *,
-       clip_eps, clip_eps_high=None, ref_logprobs=None, kl_coef=0.0)
+       clip_eps, clip_eps_high=None, dual_clip=None, ref_logprobs=None, kl_coef=0.0,
+       is_weights=None)
        -> (loss_tok (B,T), metrics: dict[str, Tensor])
 
-`old_logprobs` are the *behaviour* logprobs the rollout engine stored in the MEG Store next to
-each token, not a recomputation: the importance ratio r = exp(logπθ − logπ_behaviour) is 1 in
-value on-policy (flex/sync modes, up to sampler/trainer numerics) and corrects for staleness in
-`async(η)` mode, with the same code. Metrics are detached scalars averaged over masked tokens
-of *this* micro-batch (diagnostics only; they never enter a gradient).
+`old_logprobs` is the PPO *anchor*. The trainer chooses it per agent (`old_logprobs:` in the
+spec, see `engines/training/trainer.py`):
+
+- `behaviour`: the logprobs the rollout engine stored next to each token. The ratio
+  r = exp(logπθ − logμ) then also carries every sampler/trainer numeric difference (a bf16
+  vLLM against an fp32 trainer clips on-policy tokens) and, in `async(η)`, the staleness.
+- `recompute` (default): the trainer's own logprobs of the batch before the update. We take
+  one optimizer step per global batch, so that is the detached logprob of the same forward
+  pass: r ≡ 1 in value, the clip never fires on-policy, and the sampler mismatch (and any
+  staleness) is corrected instead by a truncated importance weight
+  `is_weights = min(exp(logπ_old − logμ), cap)`, detached (TIS; TRL's
+  `vllm_importance_sampling_cap`, verl's `tis_imp_ratio_cap`; AReaL's decoupled PPO uses the
+  same split between a proximal anchor and the behaviour policy).
+
+The log-ratio is clamped to ±LOG_RATIO_CLAMP (as verl) before `exp`, so one stale or
+mis-sampled token cannot overflow to inf, whose product with a zero advantage is NaN and would
+skip the whole step. Metrics are detached scalars averaged over masked tokens of *this*
+micro-batch (diagnostics only; they never enter a gradient).
 """
 
 from __future__ import annotations
@@ -41,6 +55,19 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
+LOG_RATIO_CLAMP = 20.0
+
+
+def truncated_is_weights(anchor: Tensor, behaviour: Tensor, cap: float) -> Tensor:
+    """Per-token truncated importance weight min(π_anchor/μ, cap), detached. (B,T) → (B,T).
+
+    Corrects for the gap between the policy the trainer anchors on and the one that sampled
+    (numerics, precision, staleness). Truncation bounds the variance; the bias it adds only
+    affects tokens the trainer finds > cap times likelier than the sampler did."""
+    log_w = (anchor - behaviour).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(log_w).clamp(max=cap).detach()
+
+
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -63,17 +90,23 @@ def clipped_surrogate(
     *,
     clip_eps: float,
     clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO/GRPO per-token loss: −min(r·A, clip(r, 1−ε, 1+ε_high)·A) + β·KL_k3(πθ ‖ π_ref).
+    """PPO/GRPO per-token loss: w·(−min(r·A, clip(r, 1−ε, 1+ε_high)·A)) + β·KL_k3(πθ ‖ π_ref).
 
-    `clip_eps_high` (DAPO's "clip-higher") defaults to `clip_eps`. The KL term needs
-    `ref_logprobs` whenever `kl_coef` > 0.
+    `clip_eps_high` (DAPO's "clip-higher") defaults to `clip_eps`. `dual_clip` = c > 1 (Ye et
+    al. 2020, "dual-clip PPO") bounds the loss of a negative-advantage token at −c·A however
+    large its ratio: a stale token in `async` can no longer make the loss unbounded. `w` is
+    `is_weights` (default 1; see `truncated_is_weights`). The KL term needs `ref_logprobs`
+    whenever `kl_coef` > 0.
     """
     _check_shapes(logprobs, old_logprobs, advantages, mask)
     eps_hi = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = torch.exp(logprobs - old_logprobs)  # (B,T)
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B,T)
+    ratio = torch.exp(log_ratio)  # (B,T)
     adv = advantages.unsqueeze(1)  # (B,1)
     surr1 = ratio * adv  # (B,T)
     surr2 = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_hi) * adv  # (B,T)
@@ -83,6 +116,16 @@ def clipped_surrogate(
         "ratio_mean": _masked_mean(ratio.detach(), m),
         "clip_frac": _masked_mean((surr2 < surr1).to(loss.dtype).detach(), m),
     }
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (it caps the loss at -c*A), got {dual_clip}")
+        cap = (-dual_clip * adv).expand_as(loss)  # (B,T) c·|A| where A < 0
+        bind = (adv < 0) & (loss > cap)  # (B,T)
+        loss = torch.where(bind, cap, loss)
+        metrics["dual_clip_frac"] = _masked_mean(bind.to(m.dtype), m)
+    if is_weights is not None:
+        loss = loss * is_weights
+        metrics["is_weight_mean"] = _masked_mean(is_weights.detach(), m)
     if kl_coef:
         if ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs (B,T); pass them or set kl_coef=0")
@@ -128,3 +171,29 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Look up policy loss `name` and apply it → (loss_tok (B,T), metrics)."""
     return POLICY_LOSSES.get(name)(logprobs, old_logprobs, advantages, mask, **kw)
+
+
+# ---- the PPO anchor ----------------------------------------------------------------------
+AnchorFn = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor | None]]
+ANCHORS: Registry[AnchorFn] = Registry("old-logprobs anchor")
+
+
+@ANCHORS.register("behaviour")
+def _behaviour_anchor(logprobs: Tensor, behaviour: Tensor, cap: float) -> tuple[Tensor, None]:
+    """Anchor on the sampler's stored logprobs; no separate importance weight."""
+    return behaviour, None
+
+
+@ANCHORS.register("recompute")
+def _recompute_anchor(logprobs: Tensor, behaviour: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+    """Anchor on the trainer's own logprobs before the update (= this forward pass, detached:
+    one optimizer step per batch), and correct the sampler gap with a truncated IS weight."""
+    old = logprobs.detach()
+    return old, truncated_is_weights(old, behaviour, cap)
+
+
+def anchor(
+    name: str, logprobs: Tensor, behaviour: Tensor, cap: float
+) -> tuple[Tensor, Tensor | None]:
+    """(old_logprobs (B,T), is_weights (B,T) or None) for anchor `name`."""
+    return ANCHORS.get(name)(logprobs, behaviour, cap)

@@ -20,6 +20,20 @@ gradients by the normaliser of the whole batch once it is known. Every aggregati
 Pending gradients are part of `state()`: the slot manager may swap an agent out between two
 micro-batches of a step (another agent needs the slot) and the accumulation continues intact.
 
+Exact step accounting: a step is a value — the step number and the micro-batches it must
+contain. `begin_step(step=k)` opens it, `accumulate(mb, part=j)` records micro-batch j's
+token and sequence counts (twice is an error: no micro-batch is counted double), and
+`step(expect={j: (tokens, seqs)})` refuses to update unless the accumulated parts are exactly
+the expected ones. A trainer rebuilt after a worker died therefore cannot step on a partial
+batch: the task layer re-accumulates the missing micro-batches from the store first.
+
+Numerics (DESIGN.md §6): forward passes run in `eval()` mode (dropout off: a dropout mask
+would make the trainer's logprobs a different policy from the sampler's, biasing every ratio);
+logprobs are `log_softmax(logits / T)` at the agent's sampling temperature, over response
+positions only (`token_logprobs`); the PPO anchor is chosen per agent (`old_logprobs`, see
+losses.py). With `kl_coef > 0` the reference logprobs come from the agent's initial weights,
+a frozen copy shared by every trainer of the same (model, dtype, device) in the process.
+
 A non-finite loss or gradient skips the step: no optimizer update, gradients dropped,
 weights and optimizer state bit-identical, `version` unchanged, the event counted in
 `skipped_steps` and logged — never silently applied.
@@ -42,6 +56,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM
 
+from engines.families import checkpoint_names
 from engines.training.advantages import ADVANTAGES
 from engines.training.aggregate import AGGREGATIONS, aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
@@ -53,7 +68,8 @@ from engines.training.lora import (
     merged_weights,
     share_base,
 )
-from engines.training.losses import POLICY_LOSSES, policy_loss
+from engines.training.losses import ANCHORS, POLICY_LOSSES, anchor, policy_loss
+from meg.spec import AgentSpec
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +94,11 @@ class TrainConfig:
     aggregation: str = "token-mean"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
+    dual_clip: float | None = None  # c > 1 caps a negative-advantage token's loss at c·|A|
     kl_coef: float = 0.0
+    old_logprobs: str = "recompute"  # the PPO anchor: behaviour | recompute (losses.ANCHORS)
+    is_cap: float = 2.0  # truncation of the sampler-mismatch importance weight (recompute)
+    temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
     seed: int = 0
     dtype: str = "float32"
     lora: LoraConfig | None = None
@@ -87,10 +107,24 @@ class TrainConfig:
         ADVANTAGES.get(self.advantage)  # unknown names raise, listing known ones
         POLICY_LOSSES.get(self.policy_loss)
         AGGREGATIONS.get(self.aggregation)
+        ANCHORS.get(self.old_logprobs)
         if self.dtype not in DTYPES:
             raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
         if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:
             raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
+        if self.temperature <= 0 or self.is_cap < 1:
+            raise ValueError("TrainConfig: temperature must be > 0 and is_cap >= 1")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"TrainConfig.dual_clip must be > 1, got {self.dual_clip}")
+
+    @classmethod
+    def from_agent(cls, agent: AgentSpec, seed: int = 0) -> TrainConfig:
+        """The one mapping from the user's spec: every `optim:` and `loss:` field by name (a
+        spec field without a counterpart here raises, so none is dropped on the way), plus
+        the sampling temperature and the dtype."""
+        fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
+        fields["betas"] = tuple(fields["betas"])
+        return cls(**fields, temperature=agent.sampling.temperature, dtype=agent.dtype, seed=seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +138,13 @@ class StepResult:
     num_tokens: int
     num_seqs: int
     metrics: dict[str, float] = field(default_factory=dict)
+    step: int | None = None  # the step number begin_step declared
+    parts: dict[int, tuple[int, int]] = field(default_factory=dict)  # mb → (tokens, seqs)
+
+
+class StepMismatchError(ValueError):
+    """The accumulated micro-batches are not the step's: stepping would train a partial or
+    double-counted batch."""
 
 
 class AgentTrainer:
@@ -122,12 +163,13 @@ class AgentTrainer:
         if config.lora is not None:
             inject_lora(self.model, config.lora)
         self.model.to(self.device)  # type: ignore[arg-type]
-        self.model.train()
+        self.model.eval()  # dropout off: see the module docstring
         if config.lora is not None:
             share_base(self.model, model_path, dtype, str(self.device))
-        # what state()/release()/load_state() cover: everything, or the adapter only
+        # what state()/release()/load_state() cover: everything a fresh checkpoint of the
+        # family holds (tied aliases dropped, engines.families), or the adapter only
         self._state_keys = [
-            k for k in self.model.state_dict() if config.lora is None or is_adapter_key(k)
+            k for k in checkpoint_names(self.model) if config.lora is None or is_adapter_key(k)
         ]
         self._names = {p: n for n, p in self.model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(
@@ -142,9 +184,16 @@ class AgentTrainer:
         self._pending: _Accum | None = None
 
     # ---- one step -------------------------------------------------------------------------
-    def begin_step(self, global_tokens: int | None = None, global_seqs: int | None = None) -> None:
+    def begin_step(
+        self,
+        global_tokens: int | None = None,
+        global_seqs: int | None = None,
+        *,
+        step: int | None = None,
+    ) -> None:
         """Declare the counts of the whole global batch that the next `step` consumes, or
         neither: then they are taken from the micro-batches at `step()` (streaming).
+        `step` names the step being accumulated (`pending_step`).
 
         Any pending, un-stepped accumulation is discarded (a restarted step after a failed
         micro-batch task starts from zero gradients).
@@ -155,31 +204,74 @@ class AgentTrainer:
             raise ValueError(f"begin_step needs positive counts, got {global_tokens}/{global_seqs}")
         self._require_loaded()
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending = _Accum(global_tokens, global_seqs)
+        self._pending = _Accum(global_tokens, global_seqs, step)
 
     @property
     def pending(self) -> bool:
         """True between `begin_step()` and `step()`."""
         return self._pending is not None
 
-    def accumulate(self, mb: TrainMicroBatch) -> dict[str, float]:
-        """Forward + backward of one micro-batch; gradients add onto the pending step."""
+    @property
+    def pending_step(self) -> int | None:
+        """The step number of the pending accumulation (None: none, or not declared)."""
+        return None if self._pending is None else self._pending.step
+
+    @property
+    def accumulated(self) -> dict[int, tuple[int, int]]:
+        """Micro-batch → (tokens, seqs) accumulated into the pending step so far."""
+        return {} if self._pending is None else dict(self._pending.parts)
+
+    def _record_part(self, acc: _Accum, part: int | None, tokens: int, seqs: int) -> None:
+        if part is None:
+            return
+        if part in acc.parts:
+            raise StepMismatchError(
+                f"{self.agent}: micro-batch {part} of step {acc.step} is already accumulated; "
+                "accumulating it again would count its rows twice"
+            )
+        acc.parts[part] = (tokens, seqs)
+
+    def accumulate_empty(self, part: int) -> None:
+        """Record micro-batch `part` as accumulated with no rows (nothing to back-propagate)."""
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError(f"{self.agent}: accumulate_empty() before begin_step()")
+        self._record_part(acc, part, 0, 0)
+
+    def accumulate(self, mb: TrainMicroBatch, part: int | None = None) -> dict[str, float]:
+        """Forward + backward of one micro-batch; gradients add onto the pending step.
+
+        `part` is the micro-batch's index within the step, for exact accounting."""
         acc = self._pending
         if acc is None:
             raise RuntimeError(f"{self.agent}: accumulate() before begin_step()")
+        if part is not None and part in acc.parts:
+            self._record_part(acc, part, 0, 0)  # raises: already accumulated
         mb = mb.to(self.device)
         cfg = self.config
-        logp = token_logprobs(self.model, mb.input_ids, mb.attention_mask)  # (b,T)
+        logp = token_logprobs(  # (b,T), 0 off the response
+            self.model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_mask,
+            temperature=cfg.temperature,
+        )
+        ref = mb.ref_logprobs
+        if cfg.kl_coef and ref is None:
+            ref = self.reference_logprobs(mb)
+        old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
         loss_tok, metrics = policy_loss(
             cfg.policy_loss,
             logp,
-            mb.old_logprobs,
+            old,
             mb.advantages,
             mb.response_mask,
             clip_eps=cfg.clip_eps,
             clip_eps_high=cfg.clip_eps_high,
-            ref_logprobs=mb.ref_logprobs,
+            dual_clip=cfg.dual_clip,
+            ref_logprobs=ref,
             kl_coef=cfg.kl_coef,
+            is_weights=is_weights,
         )
         loss = aggregate(
             loss_tok,
@@ -193,6 +285,7 @@ class AgentTrainer:
         acc.loss += value
         acc.finite &= math.isfinite(value)
         acc.tokens += mb.num_tokens
+        self._record_part(acc, part, mb.num_tokens, mb.num_seqs)  # after a successful backward
         acc.seqs += mb.num_seqs
         out = {k: float(v) for k, v in metrics.items()}
         for k, v in out.items():  # token-weighted running mean of the diagnostics
@@ -200,9 +293,33 @@ class AgentTrainer:
         out["loss"] = value
         return out
 
-    def step(self) -> StepResult:
-        """Clip, AdamW step, zero grads, version += 1 — or skip on non-finite loss/grad."""
+    @torch.no_grad()
+    def reference_logprobs(self, mb: TrainMicroBatch) -> torch.Tensor:
+        """log π_ref of the response tokens under the agent's initial weights. (b,T)."""
+        ref_model = reference_model(self.model_path, self.config.dtype, str(self.device))
+        return token_logprobs(
+            ref_model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.response_mask,
+            temperature=self.config.temperature,
+        )
+
+    def step(self, expect: dict[int, tuple[int, int]] | None = None) -> StepResult:
+        """Clip, AdamW step, zero grads, version += 1 — or skip on non-finite loss/grad.
+
+        `expect`: micro-batch → (tokens, seqs) the step must consist of, exactly; anything
+        else raises `StepMismatchError` and leaves the pending accumulation untouched."""
         acc = self._pending
+        if expect is not None and acc is not None and acc.parts != expect:
+            missing = sorted(set(expect) - set(acc.parts))
+            extra = sorted(set(acc.parts) - set(expect))
+            raise StepMismatchError(
+                f"{self.agent}: step {acc.step} holds micro-batches {sorted(acc.parts)} "
+                f"(missing {missing}, unexpected {extra}, counts "
+                f"{[(j, acc.parts.get(j), expect.get(j)) for j in sorted(expect)]}); "
+                "refusing to step on a batch that is not the step's"
+            )
         if acc is None or acc.seqs == 0:
             raise RuntimeError(f"{self.agent}: step() without begin_step() + accumulate()")
         if acc.global_tokens is None:  # streaming: divide the summed gradients now
@@ -237,11 +354,22 @@ class AgentTrainer:
             self.optimizer.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(self.version, skipped, acc.loss, norm, acc.tokens, acc.seqs, metrics)
+        return StepResult(
+            self.version,
+            skipped,
+            acc.loss,
+            norm,
+            acc.tokens,
+            acc.seqs,
+            metrics,
+            acc.step,
+            dict(acc.parts),
+        )
 
     # ---- state ----------------------------------------------------------------------------
     def weights(self) -> dict[str, Tensor]:
-        """What rollout hosts load: HF parameter names → detached tensors (no copy).
+        """What rollout hosts load: HF parameter names → detached tensors (no copy), exactly
+        the names a fresh checkpoint of the family holds (no tied alias).
 
         Under LoRA only the adapter, with PEFT's saved names (`base_model.model.…lora_A.weight`).
         """
@@ -249,7 +377,7 @@ class AgentTrainer:
         sd = self.model.state_dict()
         if self.config.lora is not None:
             return {PEFT_PREFIX + k: sd[k].detach() for k in self._state_keys}
-        return {k: v.detach() for k, v in sd.items()}
+        return {k: sd[k].detach() for k in self._state_keys}
 
     def merged_weights(self) -> dict[str, Tensor]:
         """Full HF-named weights; under LoRA with the adapter folded into the base."""
@@ -287,7 +415,7 @@ class AgentTrainer:
             "skipped_steps": self.skipped_steps,
             "param_groups": groups,
             "config": asdict(self.config),
-            "pending": None if self._pending is None else asdict(self._pending),
+            "pending": None if self._pending is None else self._pending.to_json(),
         }
 
     def load_state(
@@ -333,7 +461,7 @@ class AgentTrainer:
         self.version = int(meta["version"])
         self.skipped_steps = int(meta["skipped_steps"])
         pending = meta.get("pending")
-        self._pending = None if pending is None else _Accum(**pending)
+        self._pending = None if pending is None else _Accum.from_json(pending)
         for p, name in self._names.items():
             grad = tensors.get(f"grad/{name}")
             p.grad = None if grad is None else grad.to(self.device)
@@ -375,12 +503,40 @@ def normaliser(mode: str, tokens: int, seqs: int) -> float:
     return unit / real
 
 
+_REFERENCE: dict[tuple[str, str, str], torch.nn.Module] = {}
+
+
+def reference_model(model_path: str, dtype: str, device: str) -> torch.nn.Module:
+    """The frozen initial policy for the KL term: one copy per (model, dtype, device) in this
+    process, shared by every agent that starts from that model (it never changes, so it is
+    not part of any agent's swapped state)."""
+    key = (model_path, dtype, str(torch.device(device)))
+    if key not in _REFERENCE:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+        model.to(torch.device(device)).eval()  # type: ignore[arg-type]
+        model.requires_grad_(False)
+        _REFERENCE[key] = model
+    return _REFERENCE[key]
+
+
 @dataclass(slots=True)
 class _Accum:
     global_tokens: int | None
     global_seqs: int | None
+    step: int | None = None
     loss: float = 0.0
     finite: bool = True
     tokens: int = 0
     seqs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    parts: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["parts"] = [[j, t, s] for j, (t, s) in sorted(self.parts.items())]  # int keys
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Accum:
+        parts = {int(j): (int(t), int(s)) for j, t, s in data.get("parts", [])}
+        return cls(**{**data, "parts": parts})

@@ -14,6 +14,18 @@ KEYS = {
     "grad_accum_overhead",
     "swap_ms_url",
     "swap_ratio_vs_copy_url",
+    "logprob_peak_mb_new",
+    "logprob_peak_mb_full",
+    "logprob_memory_ratio",
+    "logprob_ms_new",
+    "logprob_ms_full",
+}
+SHAPE_KEYS = {
+    "logprob_vocab",
+    "logprob_seqs",
+    "logprob_seq_len",
+    "logprob_response_tokens",
+    "logprob_chunk_tokens",
 }
 
 
@@ -27,3 +39,14 @@ def test_small_run_writes_json(tmp_path: Path) -> None:
         assert isinstance(v, float) and v > 0, k
     mb = res["state_mb"]
     assert res["size"] == "small" and isinstance(mb, float) and mb > 0
+    for k in SHAPE_KEYS:
+        v = res[k]
+        assert isinstance(v, int) and v > 0, k
+    assert res["logprob_response_tokens"] < res["logprob_seq_len"]
+    diff = res["logprob_sum_rel_diff"]
+    assert isinstance(diff, float) and diff < 1e-4  # both variants computed the same loss
+
+
+def test_only_train_skips_the_memory_part() -> None:
+    res = main(["--small", "--only", "train"])
+    assert "train_tok_s" in res and not any(k.startswith("logprob_") for k in res)

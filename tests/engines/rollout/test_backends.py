@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,32 @@ from engines.rollout import (
 PROMPTS = [[1, 51, 28], [1, 40, 41, 42, 43, 44, 45, 46], [1]]
 
 
-def forward_logprobs(model_dir: Path, prompt: list[int], response: tuple[int, ...]) -> torch.Tensor:
-    """What a trainer computes: log_softmax of one plain forward pass, temperature 1."""
+def forward_logprobs(
+    model_dir: Path,
+    prompt: list[int],
+    response: tuple[int, ...],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> torch.Tensor:
+    """The sampling distribution's logprob of each response token, from one plain forward
+    pass: softmax(logits / T), renormalised within the top-p nucleus (a per-row loop)."""
     model = _ref_model(str(model_dir))
     ids = torch.tensor([prompt + list(response)])  # (1, T)
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits.float(), -1)[0]  # (T, V)
-    pos = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
-    return logp[pos, torch.tensor(response)]  # (len(response),)
+        logits = model(ids).logits.float()[0] / temperature  # (T, V)
+    out = []
+    for i, tok in enumerate(response):
+        probs = torch.softmax(logits[len(prompt) - 1 + i], -1).tolist()
+        order = sorted(range(len(probs)), key=lambda v: -probs[v])
+        kept, mass = [], 0.0
+        for v in order:  # the smallest prefix whose mass reaches top_p
+            if mass > top_p:
+                break
+            kept.append(v)
+            mass += probs[v]
+        assert tok in kept, "a token outside the nucleus was sampled"
+        out.append(math.log(probs[tok] / sum(probs[v] for v in kept)))
+    return torch.tensor(out)
 
 
 _REF: dict = {}
@@ -85,14 +104,21 @@ def test_stop_token_ends_with_stop_and_is_kept(backend: RolloutBackend) -> None:
         assert len(c.response_ids) == 1 and c.response_ids[0] in every_token
 
 
-def test_logprobs_match_a_forward_pass(backend: RolloutBackend, tiny_model_dir: Path) -> None:
-    # sampled at temperature 0.7 / top-p 0.9, yet logprobs are the raw model's (temperature 1)
-    params = SamplingParams(n=2, max_tokens=16, temperature=0.7, top_p=0.9, seed=3)
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 1.0), (0.7, 0.9)])
+def test_logprobs_are_the_sampling_distributions(
+    backend: RolloutBackend, tiny_model_dir: Path, temperature: float, top_p: float
+) -> None:
+    """The stored logprob is that of the distribution the token was drawn from: logits / T,
+    renormalised in the top-p nucleus (what the trainer's logits / T equals at top_p = 1)."""
+    params = SamplingParams(n=2, max_tokens=16, temperature=temperature, top_p=top_p, seed=3)
     out = backend.generate(PROMPTS, params)
     for prompt, comps in zip(PROMPTS, out, strict=True):
         for c in comps:
-            ref = forward_logprobs(tiny_model_dir, prompt, c.response_ids)
+            ref = forward_logprobs(tiny_model_dir, prompt, c.response_ids, temperature, top_p)
             torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-3, rtol=0)
+            if temperature != 1.0:  # and not the temperature-1 logprob
+                plain = forward_logprobs(tiny_model_dir, prompt, c.response_ids)
+                assert (torch.tensor(c.logprobs) - plain).abs().max() > 1e-2
 
 
 def test_seed_reproduces_samples_and_samples_differ(backend: RolloutBackend) -> None:

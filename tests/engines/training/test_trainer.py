@@ -40,7 +40,7 @@ def test_microbatch_accumulation_equals_full_batch(tiny_model: str, mode: str) -
         g_full, g_acc = _grads(full_tr), _grads(acc_tr)
         assert g_full.keys() == g_acc.keys() and len(g_full) > 0
         for k in g_full:
-            torch.testing.assert_close(g_acc[k], g_full[k], rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(g_acc[k], g_full[k], rtol=1e-4, atol=1e-6)  # float32 sums
         r_full, r_acc = full_tr.step(), acc_tr.step()
         assert r_acc.loss == pytest.approx(r_full.loss, rel=1e-5, abs=1e-7)
         assert (r_acc.version, r_acc.num_tokens, r_acc.num_seqs) == (step + 1, n_tok, n_seq)

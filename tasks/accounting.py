@@ -1,0 +1,164 @@
+"""Exact step accounting for the training tasks: which rows a step holds, and rebuilding a
+trainer that lost them.
+
+A trainer lives in one training worker's memory. When that worker dies (OOM, SIGKILL, a
+preempted node), the nanny restarts it and the pinned train task runs again there, on a
+trainer built from the newest checkpoint. Training the remaining micro-batches onto that
+fresh trainer would step on a partial batch (and, with `checkpoint_every > 1`, from older
+weights). `catch_up` prevents both, from the store alone:
+
+1. *Replay*: while the trainer's version is behind the version this step must start from
+   (the previous step's `version_after` in the consumption log), re-train each logged step
+   from exactly the segments it recorded, and check the version it reaches.
+2. *Re-accumulate*: open the step (`begin_step(step=k)`) and accumulate every earlier
+   micro-batch of the step that the trainer does not hold, from its committed, scored rows.
+
+Then `step(expect=...)` refuses anything but the step's full set of micro-batches, and the
+consumption record lists what the trainer really accumulated (`trained`), which
+`storage.audit` checks against the rows of the recorded segments.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from engines.training.batch import build_microbatch
+from engines.training.checkpoint import latest_checkpoint
+from engines.training.trainer import AgentTrainer
+from storage.schema import SampleBatch, SegmentKey
+from tasks.context import RunContext
+from tasks.worker import store_of, tokenizer_of
+
+log = logging.getLogger(__name__)
+
+
+def nodes_of(ctx: RunContext, agent: str) -> list[str]:
+    return [n for n, spec in ctx.spec.nodes.items() if spec.agent == agent]
+
+
+def read_scored(
+    ctx: RunContext, agent: str, step: int, mb: int
+) -> tuple[SampleBatch, tuple[str, ...]]:
+    """A's committed, scored rows of (step, micro-batch) and their segment ids."""
+    table = store_of(ctx).table(agent)
+    found = (table.has_segment(SegmentKey(step, mb, n)) for n in nodes_of(ctx, agent))
+    infos = [i for i in found if i is not None]
+    batch = table.read(segments=[i.segment_id for i in infos])
+    if len(batch) and not np.all(np.isfinite(batch.advantage)):
+        raise RuntimeError(f"agent {agent!r} step {step} micro-batch {mb}: rows are not all scored")
+    return batch, tuple(i.segment_id for i in infos)
+
+
+def already_stepped(ctx: RunContext, agent: str, step: int) -> dict[str, Any] | None:
+    """The consumption record of (agent, step) if that step's result is also checkpointed.
+
+    A logged step whose checkpoint was lost (checkpoint_every > 1) must run again from the
+    older checkpoint; re-recording the same segments and versions is then a no-op."""
+    logged = store_of(ctx).table(agent).consumption(step)
+    if logged is None:
+        return None
+    ckpt = latest_checkpoint(ctx.checkpoint_root(agent))
+    have = int(ckpt.rstrip("/").rsplit("/v", 1)[1]) if ckpt else 0
+    return logged if have >= int(logged["extra"]["version_after"]) else None
+
+
+def version_before(ctx: RunContext, agent: str, step: int) -> int:
+    """The policy version A's step `step` starts from: the previous step's result."""
+    if step == 0:
+        return 0
+    rec = store_of(ctx).table(agent).consumption(step - 1)
+    if rec is None:
+        raise RuntimeError(
+            f"agent {agent!r}: step {step} cannot start, step {step - 1} is not in the "
+            "consumption log (the optimizer-step task must finish first)"
+        )
+    return int(rec["extra"]["version_after"])
+
+
+def accumulate_part(
+    ctx: RunContext,
+    trainer: AgentTrainer,
+    agent: str,
+    step: int,
+    mb: int,
+    batch: SampleBatch | None = None,
+) -> float:
+    """Accumulate micro-batch `mb` of `step` (read from the store unless given); its loss."""
+    if batch is None:
+        batch, _ = read_scored(ctx, agent, step, mb)
+    n = len(batch)
+    if n == 0:
+        trainer.accumulate_empty(mb)
+        return 0.0
+    pad = tokenizer_of(ctx, agent).pad_token_id or 0
+    mbt = build_microbatch(
+        [batch.prompt(i).tolist() for i in range(n)],
+        [batch.response(i).tolist() for i in range(n)],
+        [batch.logprob(i).tolist() for i in range(n)],
+        batch.advantage.tolist(),
+        pad,
+    )
+    return trainer.accumulate(mbt, part=mb)["loss"]
+
+
+def replay(ctx: RunContext, trainer: AgentTrainer, agent: str, step: int, want: int) -> None:
+    """Re-train A's logged steps before `step` until the trainer holds version `want`."""
+    table = store_of(ctx).table(agent)
+    for s, rec in table.consumption_log().items():
+        extra = rec["extra"]
+        if s >= step or trainer.version >= want:
+            break
+        if int(extra["version_after"]) <= trainer.version:
+            continue
+        if int(extra["version_before"]) != trainer.version:
+            raise RuntimeError(
+                f"agent {agent!r}: cannot replay step {s}: it started from version "
+                f"{extra['version_before']}, the rebuilt trainer holds {trainer.version}"
+            )
+        trainer.begin_step(step=s)
+        for j, _, _ in extra["trained"]:
+            batch, segments = read_scored(ctx, agent, s, j)
+            recorded = {x for x in rec["segments"] if SegmentKey.parse(x).micro_batch == j}
+            if set(segments) != recorded:
+                raise RuntimeError(
+                    f"agent {agent!r} step {s} micro-batch {j}: the store holds segments "
+                    f"{sorted(segments)}, the consumption log recorded {sorted(recorded)}"
+                )
+            accumulate_part(ctx, trainer, agent, s, j, batch)
+        result = trainer.step(expect={j: (t, q) for j, t, q in extra["trained"]})
+        if result.version != int(extra["version_after"]):
+            raise RuntimeError(
+                f"agent {agent!r}: replaying step {s} reached version {result.version}, the "
+                f"log recorded {extra['version_after']}"
+            )
+        log.warning("%s: replayed step %d from the store (version %d)", agent, s, result.version)
+    if trainer.version != want:
+        raise RuntimeError(
+            f"agent {agent!r}: step {step} needs version {want}; rebuilding reached "
+            f"{trainer.version} (are the consumption records before step {step} complete?)"
+        )
+
+
+def catch_up(ctx: RunContext, trainer: AgentTrainer, agent: str, step: int, upto: int) -> None:
+    """Make `trainer` hold step `step` open with micro-batches 0..upto-1 accumulated,
+    replaying and re-accumulating from the store whatever it lost (module docstring)."""
+    want = version_before(ctx, agent, step)
+    if trainer.version > want:
+        raise RuntimeError(
+            f"agent {agent!r}: the trainer holds version {trainer.version}, but step {step} "
+            f"must start from version {want}; refusing to train on top of a later policy"
+        )
+    if trainer.version < want:
+        replay(ctx, trainer, agent, step, want)
+    if trainer.pending_step != step:
+        trainer.begin_step(step=step)
+    missing = [j for j in range(upto) if j not in trainer.accumulated]
+    for j in missing:
+        accumulate_part(ctx, trainer, agent, step, j)
+    if missing:
+        log.warning(
+            "%s: step %d re-accumulated micro-batches %s from the store", agent, step, missing
+        )
