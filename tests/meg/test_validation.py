@@ -141,3 +141,56 @@ def test_dataset_needs_exactly_one_source(base: dict[str, Any]) -> None:
     base["dataset"] = {"generator": "arithmetic", "url": "file:///x.jsonl"}
     with pytest.raises(MEGError, match="exactly one of"):
         validate(build_spec(base))
+
+
+LOSSES = {"advantage": ["grpo", "rloo"], "policy_loss": ["grpo"], "old_logprobs": ["recompute"]}
+
+
+@pytest.mark.parametrize(
+    ("patch", "field", "words"),
+    [
+        ({"loss": {"advantage": "grpoo"}}, "agents.a.loss.advantage", "known: grpo, rloo"),
+        ({"loss": {"old_logprobs": "x"}}, "agents.a.loss.old_logprobs", "known: recompute"),
+        ({"lora": True}, "agents.a.lora", "not supported yet"),
+        ({"placement": {"train_slot": "cuda:1"}}, "agents.a.placement", "not supported yet"),
+        ({"loss": {"clip_eps_high": 1.5}}, "agents.a.loss", "below 1"),
+        ({"loss": {"dual_clip": 1.0}}, "agents.a.loss.dual_clip", "greater than 1"),
+        ({"sampling": {"temperature": 0}}, "agents.a.sampling.temperature", "greater than 0"),
+        ({"dtype": "float16"}, "agents.a.dtype", "float32"),
+    ],
+)
+def test_agent_fields_are_honoured_or_rejected(
+    base: dict[str, Any], tmp_path: Path, patch: dict[str, Any], field: str, words: str
+) -> None:
+    base["agents"]["a"].update(patch)
+    err = check(base, tmp_path, known_losses=LOSSES)
+    assert err.field == field and words in str(err)
+
+
+def test_grad_clip_zero_disables_clipping_and_validates(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    base["agents"]["a"]["optim"] = {"grad_clip": 0}
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(base))
+    spec = load_meg(path, known_rewards=KNOWN, known_losses=LOSSES)
+    assert spec.agents["a"].optim.grad_clip == 0
+
+
+def test_train_config_takes_every_spec_field() -> None:
+    """One source of truth: every optim/loss field reaches the trainer, by name."""
+    from engines.training.trainer import TrainConfig
+    from meg.spec import AgentSpec, LossSpec, OptimSpec
+
+    agent = AgentSpec(
+        model="m",
+        dtype="bfloat16",
+        sampling={"temperature": 0.7},
+        optim={"lr": 3e-4, "grad_clip": 0.0},
+        loss={"kl_coef": 0.05, "dual_clip": 3.0, "old_logprobs": "behaviour", "is_cap": 4.0},
+    )
+    cfg = TrainConfig.from_agent(agent, seed=7)
+    for name in [*OptimSpec.model_fields, *LossSpec.model_fields]:
+        spec_value = getattr(agent.optim if name in OptimSpec.model_fields else agent.loss, name)
+        assert getattr(cfg, name) == (tuple(spec_value) if name == "betas" else spec_value), name
+    assert (cfg.temperature, cfg.dtype, cfg.seed) == (0.7, "bfloat16", 7)
