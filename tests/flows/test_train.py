@@ -54,6 +54,8 @@ def test_modes_are_consistent_from_the_store_alone(
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     audit = audit_consistency(store)
     assert (audit.rows_checked, audit.violations) == (144, 0)
+    # every step trained on exactly its rows, as the trainers' own counters recorded them
+    assert (audit.accounting_errors, audit.steps_unverified, audit.steps_checked) == (0, 0, 6)
     for agent in ("solver", "verifier"):
         log = store.table(agent).consumption_log()
         assert sorted(log) == [0, 1, 2]
