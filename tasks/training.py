@@ -96,7 +96,10 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
         loss = 0.0
         if mb not in trainer.accumulated:  # a re-run after the step's kill already has it
             loss = accumulate_part(ctx, trainer, agent, step, mb, batch)
-    finally:
+    except BaseException:
+        slots.forget(agent)  # partial gradients: the retry rebuilds from the store
+        raise
+    else:
         slots.release(agent)
     return done(loss)
 
@@ -148,7 +151,10 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
             maybe_checkpoint(
                 trainer, ctx.checkpoint_root(agent), ctx.checkpoint_every, ctx.keep_checkpoints
             )
-    finally:
+    except BaseException:
+        slots.forget(agent)  # stepped but not persisted: the retry rebuilds and steps again
+        raise
+    else:
         slots.release(agent)
     return StepRef(
         agent,

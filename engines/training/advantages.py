@@ -47,7 +47,9 @@ def _group_stats(rewards: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, 
     _, inv = torch.unique(group_index, return_inverse=True)  # (N,) in [0, G)
     g = int(inv.max().item()) + 1 if inv.numel() else 0
     r = rewards.to(torch.float64)  # reductions in float64: exact enough for tests and users
-    count = torch.zeros(g, dtype=r.dtype, device=r.device).scatter_add_(0, inv, torch.ones_like(r))  # (G,)
+    count = torch.zeros(g, dtype=r.dtype, device=r.device).scatter_add_(
+        0, inv, torch.ones_like(r)
+    )  # (G,)
     mean = torch.zeros(g, dtype=r.dtype, device=r.device).scatter_add_(0, inv, r) / count  # (G,)
     dev = r - mean[inv]  # (N,)
     ssd = torch.zeros(g, dtype=r.dtype, device=r.device).scatter_add_(0, inv, dev * dev)  # (G,)

@@ -92,6 +92,19 @@ class SlotManager:
             raise KeyError(f"agent {agent!r} holds no slot; resident: {self.resident()}")
         slot.busy = False
 
+    def forget(self, agent: str) -> None:
+        """Drop `agent`'s trainer and any stored state: the next `acquire` rebuilds it with
+        the factory. For a trainer left inconsistent by a failure mid-update (a backward
+        that raised, a step whose publication failed): rebuilding from the checkpoint and
+        the store is the only state known to be right."""
+        slot = self._slot_of(agent)
+        if slot is not None:
+            slot.agent, slot.busy = None, False
+        self._trainers.pop(agent, None)
+        self._lru.pop(agent, None)
+        if self.state_store.where(self.state_key(agent)) is not None:
+            self.state_store.delete(self.state_key(agent))
+
     def evict(self, agent: str) -> None:
         """Swap `agent` out now (e.g. before a planned shutdown); it must be idle."""
         slot = self._slot_of(agent)
