@@ -250,6 +250,9 @@ def test_already_stepped_needs_the_checkpoint_too(new_ctx) -> None:
 def test_step_task_retry_after_a_transient_failure_on_a_live_worker(
     new_ctx, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
+    """Publishing or checkpointing fails once after `trainer.step()` on a live worker: the
+    task's retry must still reach the uninterrupted result (never refuse the trainer it left
+    one version ahead, never step twice)."""
     ref = new_ctx("ref")
     ref_steps = run_steps(ref, 2)
     ctx = new_ctx("flaky")
@@ -273,6 +276,8 @@ def test_step_task_retry_after_a_transient_failure_on_a_live_worker(
 
 
 def test_train_task_retry_after_a_failure_inside_backward(new_ctx) -> None:
+    """A backward that dies half-way (an OOM) leaves part of the micro-batch's gradient in the
+    pending step; the retry on the same worker must not count that part twice."""
     ref = new_ctx("ref")
     ref_steps = run_steps(ref, 1)
     ctx = new_ctx("oom")
