@@ -1,6 +1,6 @@
 """The Joint Orchestrator's compiler: MEG × steps × micro-batches → one task graph.
 
-Per step k and micro-batch j it submits (DESIGN.md §4):
+Per step k and micro-batch j it submits:
 
     generate(node, k, j)   after its parents' generate(·, k, j) and the weights it needs
     score(k, j, g)         after generate(·, k, j) of the nodes score group g waits for
@@ -13,7 +13,7 @@ reward reads only its own answer is scored right after it is generated, a team r
 for the final node. That is what lets an agent train on a micro-batch before its episodes end.
 
 The dependencies ARE the pipeline: Dask starts each task the moment its inputs exist. The
-mode only changes which edges exist (DESIGN.md §5):
+mode only changes which edges exist:
 
     flex      generate(node of A, k) needs step(A, k-1): zero staleness, per-agent readiness
     sync      generate(·, k) needs step(every agent, k-1), and train(·, k, ·) needs every

@@ -1,7 +1,7 @@
 """The coarse Prefect unit of the hybrid executor: one task run per training step.
 
 Measured here (bench/e2e.py, 2026-11-30): with tiny models a Prefect task run per node and
-micro-batch cost 51–64% of the step time on 2 cores. DESIGN.md §4 says what to do then: a
+micro-batch cost 51–64% of the step time on 2 cores. The design says what to do then: a
 Prefect task covers a coarser unit and the fine-grained dataflow runs as plain Dask futures
 beneath it. `watch_step` is that unit: submitted when step k is compiled, it waits until the
 pipeline has collected every result of the step (a `StepLog`: results are fetched once, by

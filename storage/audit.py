@@ -1,4 +1,4 @@
-"""The consistency rule, checked from the store alone (DESIGN.md §5).
+"""The consistency rule, checked from the store alone.
 
 Each consumption record of agent A's step k names the segments A trained on and the policy
 version A held before the step (`version_before`). Every row consumed must satisfy

@@ -96,7 +96,7 @@ class SampleBatch:
 
     reward/advantage are NaN until the scoring task writes a score segment; readers join
     scores onto rows. ``policy_version`` is the version of the agent that generated the row,
-    which makes the staleness rule (DESIGN.md §5) checkable from the store alone.
+    which makes the staleness rule checkable from the store alone.
     """
 
     sample_id: np.ndarray  # (N,) str "{episode}/{node}/{invocation}/{sample}"

@@ -1,4 +1,4 @@
-"""StateStore: put/get/move named tensor dicts wherever they live (DESIGN.md §6).
+"""StateStore: put/get/move named tensor dicts wherever they live.
 
 Locations: ``Device(name)`` (a torch device in this process), ``Host()`` (CPU memory in
 this process), ``Url(url)`` (an fsspec folder: safetensors + JSON), ``Worker(address)``

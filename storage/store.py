@@ -1,4 +1,4 @@
-"""The MEG Store: one table of immutable, committed segments per agent (DESIGN.md §6).
+"""The MEG Store: one table of immutable, committed segments per agent.
 
 Layout under ``{store_url}/{run_id}/`` (documented for users in the README)::
 

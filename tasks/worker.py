@@ -1,7 +1,7 @@
 """Worker-local state: one copy per Dask worker process, found by key, never shipped.
 
 This is an importable module on purpose (a dict defined in `__main__` would be pickled into
-every task and the models reloaded on each call, see ENVIRONMENT.md). Everything here is a
+every task and the models reloaded on each call). Everything here is a
 cache that can be rebuilt from the store and the StateStore: losing a worker loses no data.
 """
 

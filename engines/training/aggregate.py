@@ -10,7 +10,7 @@ depends only on the global batch (N_tok or B). So with `global_tokens=N_tok`,
         == aggregate(loss_full, mask_full, mode)
 
 exactly (up to float summation order), hence gradients accumulated over micro-batches equal
-the full-batch gradient: this *is* the b/B weighting of DESIGN.md §2, without the bias that
+the full-batch gradient: this *is* the b/B weighting of one global batch, without the bias that
 a mean-of-micro-batch-means has when micro-batches hold different token counts. The same
 holds across data-parallel ranks when the counts are all-reduced first. Without global
 counts, each call normalises by its own batch (the right thing for a single full batch).

@@ -1,4 +1,4 @@
-"""A tiny typed, decorator-based registry (DESIGN.md §8.3).
+"""A tiny typed, decorator-based registry.
 
 Variants (advantage estimators, policy losses, aggregation modes) are looked up by name
 through one of these; nothing dispatches on the same string with `if/elif`. An unknown name

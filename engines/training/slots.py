@@ -1,6 +1,6 @@
 """On-demand training slots: N agents share M ≤ N slots; states swap through the StateStore.
 
-FlexMARL's answer to dynamic training demand (DESIGN.md §1): an agent needs training
+FlexMARL's answer to dynamic training demand: an agent needs training
 hardware only while a micro-batch of its data is ready. `acquire(agent, factory)` binds the
 agent to a slot — the slot it already holds, a free one, or the slot of the least-recently
 used *idle* agent, whose state is swapped out first. An agent is *busy* from `acquire` to

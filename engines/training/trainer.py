@@ -1,6 +1,6 @@
 """The per-agent trainer: micro-batch gradient accumulation, one optimizer step per batch.
 
-Lifecycle of one step k of agent A (DESIGN.md §2, §4)::
+Lifecycle of one step k of agent A::
 
     trainer.begin_step(global_tokens=N_tok, global_seqs=B)   # counts of the whole batch
     for mb in micro_batches:                                 # whole groups, any sizes b_j
@@ -27,7 +27,7 @@ token and sequence counts (twice is an error: no micro-batch is counted double),
 the expected ones. A trainer rebuilt after a worker died therefore cannot step on a partial
 batch: the task layer re-accumulates the missing micro-batches from the store first.
 
-Numerics (DESIGN.md §6): forward passes run in `eval()` mode (dropout off: a dropout mask
+Numerics (docs/models.md): forward passes run in `eval()` mode (dropout off: a dropout mask
 would make the trainer's logprobs a different policy from the sampler's, biasing every ratio);
 logprobs are `log_softmax(logits / T)` at the agent's sampling temperature, over response
 positions only (`token_logprobs`); the PPO anchor is chosen per agent (`old_logprobs`, see
