@@ -30,9 +30,36 @@ from engines.training.checkpoint import latest_checkpoint
 from engines.training.trainer import AgentTrainer
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext
-from tasks.worker import store_of, tokenizer_of
+from tasks.worker import slots_of, store_of, tokenizer_of
 
 log = logging.getLogger(__name__)
+
+
+class StaleTrainerError(RuntimeError):
+    """The resident trainer is ahead of the step: it stepped in memory past what the store
+    recorded (a run killed between its optimizer step and its consumption record, then
+    resumed onto the same live cluster). It must be rebuilt from the checkpoint."""
+
+
+def acquire(ctx: RunContext, agent: str, step: int, upto: int, build: Any) -> AgentTrainer:
+    """A's trainer from this worker's slots, holding step `step` open with micro-batches
+    0..upto-1 accumulated; a trainer ahead of the store is forgotten and rebuilt once."""
+    slots = slots_of(ctx)
+    for attempt in (0, 1):
+        trainer = slots.acquire(agent, build)
+        try:
+            catch_up(ctx, trainer, agent, step, upto)
+        except StaleTrainerError:
+            slots.forget(agent)
+            if attempt:
+                raise
+            log.warning("%s: resident trainer is ahead of the store; rebuilding it", agent)
+        except BaseException:
+            slots.forget(agent)  # partial gradients: the retry rebuilds from the store
+            raise
+        else:
+            return trainer
+    raise AssertionError("unreachable")
 
 
 def nodes_of(ctx: RunContext, agent: str) -> list[str]:
@@ -42,10 +69,20 @@ def nodes_of(ctx: RunContext, agent: str) -> list[str]:
 def read_scored(
     ctx: RunContext, agent: str, step: int, mb: int
 ) -> tuple[SampleBatch, tuple[str, ...]]:
-    """A's committed, scored rows of (step, micro-batch) and their segment ids."""
+    """A's committed, scored rows of (step, micro-batch) and their segment ids.
+
+    Every node of A commits a segment in every micro-batch (possibly with no rows), so a
+    missing one is an error: treating it as empty would train a partial batch."""
     table = store_of(ctx).table(agent)
-    found = (table.has_segment(SegmentKey(step, mb, n)) for n in nodes_of(ctx, agent))
-    infos = [i for i in found if i is not None]
+    nodes = nodes_of(ctx, agent)
+    found = {n: table.has_segment(SegmentKey(step, mb, n)) for n in nodes}
+    missing = [n for n, i in found.items() if i is None]
+    if missing:
+        raise RuntimeError(
+            f"agent {agent!r} step {step} micro-batch {mb}: no committed segment of node(s) "
+            f"{missing} in the store; the micro-batch cannot be trained before its rollout"
+        )
+    infos = [i for i in found.values() if i is not None]
     batch = table.read(segments=[i.segment_id for i in infos])
     if len(batch) and not np.all(np.isfinite(batch.advantage)):
         raise RuntimeError(f"agent {agent!r} step {step} micro-batch {mb}: rows are not all scored")
@@ -147,7 +184,7 @@ def catch_up(ctx: RunContext, trainer: AgentTrainer, agent: str, step: int, upto
     replaying and re-accumulating from the store whatever it lost (module docstring)."""
     want = version_before(ctx, agent, step)
     if trainer.version > want:
-        raise RuntimeError(
+        raise StaleTrainerError(
             f"agent {agent!r}: the trainer holds version {trainer.version}, but step {step} "
             f"must start from version {want}; refusing to train on top of a later policy"
         )

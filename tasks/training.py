@@ -29,7 +29,7 @@ from engines.training.checkpoint import (
 )
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
-from tasks.accounting import accumulate_part, already_stepped, catch_up, read_scored
+from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
 from tasks.context import RunContext, Stopwatch, Timing
 from tasks.worker import slots_of, state_of, store_of
 
@@ -90,9 +90,8 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
     if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
         return done(0.0)
     slots = slots_of(ctx)
-    trainer = slots.acquire(agent, trainer_factory(ctx, agent))
+    trainer = acquire(ctx, agent, step, mb, trainer_factory(ctx, agent))  # replays what it lost
     try:
-        catch_up(ctx, trainer, agent, step, mb)  # a rebuilt trainer replays what it lost
         loss = 0.0
         if mb not in trainer.accumulated:  # a re-run after the step's kill already has it
             loss = accumulate_part(ctx, trainer, agent, step, mb, batch)
@@ -120,9 +119,8 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
             watch.done(),
         )
     slots = slots_of(ctx)
-    trainer = slots.acquire(agent, trainer_factory(ctx, agent))
+    trainer = acquire(ctx, agent, step, len(trains), trainer_factory(ctx, agent))
     try:
-        catch_up(ctx, trainer, agent, step, len(trains))
         version_before = trainer.version
         result = trainer.step(expect={t.micro_batch: (t.tokens, t.rows) for t in trains})
         publish_weights(state_of(ctx), agent, result.version, trainer.weights())

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -57,95 +57,37 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM
 
 from engines.families import checkpoint_names
-from engines.training.advantages import ADVANTAGES
-from engines.training.aggregate import AGGREGATIONS, aggregate
+from engines.training.accum import Accum, normaliser
+from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
+from engines.training.config import (
+    DTYPES,
+    STATE_FORMAT,
+    StepMismatchError,
+    StepResult,
+    TrainConfig,
+)
 from engines.training.lora import (
     PEFT_PREFIX,
-    LoraConfig,
     inject_lora,
     is_adapter_key,
     merged_weights,
     share_base,
 )
-from engines.training.losses import ANCHORS, POLICY_LOSSES, anchor, policy_loss
-from meg.spec import AgentSpec
+from engines.training.losses import anchor, policy_loss
+from engines.training.reference import reference_model
 
 log = logging.getLogger(__name__)
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-STATE_FORMAT = 1
-
-
-@dataclass(frozen=True, slots=True)
-class TrainConfig:
-    """Optimizer and loss settings of one agent; names refer to the registries."""
-
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (norm still checked)
-    advantage: str = "grpo"
-    policy_loss: str = "grpo"
-    aggregation: str = "token-mean"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip: float | None = None  # c > 1 caps a negative-advantage token's loss at c·|A|
-    kl_coef: float = 0.0
-    old_logprobs: str = "recompute"  # the PPO anchor: behaviour | recompute (losses.ANCHORS)
-    is_cap: float = 2.0  # truncation of the sampler-mismatch importance weight (recompute)
-    temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
-    seed: int = 0
-    dtype: str = "float32"
-    lora: LoraConfig | None = None
-
-    def __post_init__(self) -> None:
-        ADVANTAGES.get(self.advantage)  # unknown names raise, listing known ones
-        POLICY_LOSSES.get(self.policy_loss)
-        AGGREGATIONS.get(self.aggregation)
-        ANCHORS.get(self.old_logprobs)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
-        if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:
-            raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
-        if self.temperature <= 0 or self.is_cap < 1:
-            raise ValueError("TrainConfig: temperature must be > 0 and is_cap >= 1")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            raise ValueError(f"TrainConfig.dual_clip must be > 1, got {self.dual_clip}")
-
-    @classmethod
-    def from_agent(cls, agent: AgentSpec, seed: int = 0) -> TrainConfig:
-        """The one mapping from the user's spec: every `optim:` and `loss:` field by name (a
-        spec field without a counterpart here raises, so none is dropped on the way), plus
-        the sampling temperature and the dtype."""
-        fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
-        fields["betas"] = tuple(fields["betas"])
-        return cls(**fields, temperature=agent.sampling.temperature, dtype=agent.dtype, seed=seed)
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """Outcome of one `step()`; `version` is the policy version after it."""
-
-    version: int
-    skipped: bool
-    loss: float  # sum over micro-batches of the aggregated loss = the full-batch loss
-    grad_norm: float  # before clipping
-    num_tokens: int
-    num_seqs: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    step: int | None = None  # the step number begin_step declared
-    parts: dict[int, tuple[int, int]] = field(default_factory=dict)  # mb → (tokens, seqs)
-
-
-class StepMismatchError(ValueError):
-    """The accumulated micro-batches are not the step's: stepping would train a partial or
-    double-counted batch."""
-
+__all__ = [
+    "DTYPES",
+    "AgentTrainer",
+    "StepMismatchError",
+    "StepResult",
+    "TrainConfig",
+    "normaliser",
+    "reference_model",
+]
 
 class AgentTrainer:
     """Trainer state of one agent: model, AdamW, policy version. Plain torch, no Prefect."""
@@ -181,7 +123,7 @@ class AgentTrainer:
         self.version = 0
         self.skipped_steps = 0
         self._released = False
-        self._pending: _Accum | None = None
+        self._pending: Accum | None = None
 
     # ---- one step -------------------------------------------------------------------------
     def begin_step(
@@ -204,7 +146,7 @@ class AgentTrainer:
             raise ValueError(f"begin_step needs positive counts, got {global_tokens}/{global_seqs}")
         self._require_loaded()
         self.optimizer.zero_grad(set_to_none=True)
-        self._pending = _Accum(global_tokens, global_seqs, step)
+        self._pending = Accum(global_tokens, global_seqs, step)
 
     @property
     def pending(self) -> bool:
@@ -221,7 +163,7 @@ class AgentTrainer:
         """Micro-batch → (tokens, seqs) accumulated into the pending step so far."""
         return {} if self._pending is None else dict(self._pending.parts)
 
-    def _record_part(self, acc: _Accum, part: int | None, tokens: int, seqs: int) -> None:
+    def _record_part(self, acc: Accum, part: int | None, tokens: int, seqs: int) -> None:
         if part is None:
             return
         if part in acc.parts:
@@ -461,7 +403,7 @@ class AgentTrainer:
         self.version = int(meta["version"])
         self.skipped_steps = int(meta["skipped_steps"])
         pending = meta.get("pending")
-        self._pending = None if pending is None else _Accum.from_json(pending)
+        self._pending = None if pending is None else Accum.from_json(pending)
         for p, name in self._names.items():
             grad = tensors.get(f"grad/{name}")
             p.grad = None if grad is None else grad.to(self.device)
@@ -492,51 +434,3 @@ class AgentTrainer:
             raise RuntimeError(f"{self.agent}: trainer state is released; load_state() first")
 
 
-def normaliser(mode: str, tokens: int, seqs: int) -> float:
-    """The constant an aggregation mode divides by, for a batch of `tokens`/`seqs`.
-
-    Every mode is Σ(per-sequence term)/c; aggregating a unit loss with normalisers 1 and with
-    the real counts gives c as their ratio, so no mode needs a second table of constants."""
-    one = torch.ones(1, 1)
-    unit = float(aggregate(one, one, mode, global_tokens=1, global_seqs=1))
-    real = float(aggregate(one, one, mode, global_tokens=max(tokens, 1), global_seqs=max(seqs, 1)))
-    return unit / real
-
-
-_REFERENCE: dict[tuple[str, str, str], torch.nn.Module] = {}
-
-
-def reference_model(model_path: str, dtype: str, device: str) -> torch.nn.Module:
-    """The frozen initial policy for the KL term: one copy per (model, dtype, device) in this
-    process, shared by every agent that starts from that model (it never changes, so it is
-    not part of any agent's swapped state)."""
-    key = (model_path, dtype, str(torch.device(device)))
-    if key not in _REFERENCE:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
-        model.to(torch.device(device)).eval()  # type: ignore[arg-type]
-        model.requires_grad_(False)
-        _REFERENCE[key] = model
-    return _REFERENCE[key]
-
-
-@dataclass(slots=True)
-class _Accum:
-    global_tokens: int | None
-    global_seqs: int | None
-    step: int | None = None
-    loss: float = 0.0
-    finite: bool = True
-    tokens: int = 0
-    seqs: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    parts: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["parts"] = [[j, t, s] for j, (t, s) in sorted(self.parts.items())]  # int keys
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> _Accum:
-        parts = {int(j): (int(t), int(s)) for j, t, s in data.get("parts", [])}
-        return cls(**{**data, "parts": parts})

@@ -49,7 +49,9 @@ def test_modes_are_consistent_from_the_store_alone(
     # 4 episodes × (4 solver + 8 verifier samples) × 3 steps
     assert out["consistency"]["rows_checked"] == 3 * 4 * 12
     assert out["consistency"]["violations"] == 0
-    assert out["consistency"]["max_lag"] <= staleness
+    # async(1) must actually use its slack: step 1's rollout starts before step 0 trained,
+    # so some rows are one version old; flex and sync never are
+    assert out["consistency"]["max_lag"] == staleness
     # the audit re-reads the store: the same verdict without the orchestrator's word
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     audit = audit_consistency(store)
@@ -156,3 +158,45 @@ def test_runs_publish_prefect_artifacts(tmp_path: Path, tiny_model: str, cluster
             return {a.key for a in arts if a.key}
 
     assert asyncio.run(keys()) == set(wanted)
+
+
+def test_two_step_run_on_the_tied_qwen2_model(
+    tmp_path: Path, cluster: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The family conformance suite's end-to-end leg: math-chain's two agents on a tiny
+    Qwen2 (tied embeddings, q/k/v biases, 151,936-entry vocabulary) through a real run —
+    vLLM rollouts, weight publication to the hosts, training, checkpoints, the export."""
+    from transformers import AutoModelForCausalLM
+
+    from workloads.tiny_model import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path_factory.mktemp("qwen2") / "m", family="qwen2"))
+    cfg = write_config(tmp_path, model, steps=2)
+    out = train(
+        TrainParams(
+            config=str(cfg),
+            run_dir=str(tmp_path / "run"),
+            cluster=ClusterConfig(scheduler=cluster),
+        )
+    )
+    assert out["steps"] == 2 and out["consistency"]["violations"] == 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    audit = audit_consistency(store)
+    assert (audit.accounting_errors, audit.steps_checked) == (0, 4)
+    for agent in ("solver", "verifier"):  # step 1 sampled with version 1: publication worked
+        assert sorted(set(store.table(agent).read(step=1).policy_version.tolist())) == [1]
+        exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / agent)
+        assert exported.config.vocab_size == 151936 and exported.config.tie_word_embeddings
+        emb = exported.get_input_embeddings().weight
+        assert exported.get_output_embeddings().weight.data_ptr() == emb.data_ptr()
+        log = store.table(agent).consumption_log()
+        assert [(r["extra"]["version_after"], r["extra"]["skipped"]) for r in log.values()] == [
+            (1, False),
+            (2, False),
+        ]
+        assert (
+            json.loads((tmp_path / "run" / "final" / agent / "flexmarl.json").read_text())[
+                "version"
+            ]
+            == 2
+        )

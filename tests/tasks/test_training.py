@@ -170,9 +170,10 @@ def test_step_with_micro_batches_it_did_not_accumulate_is_refused(new_ctx) -> No
     trains = tuple(train_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
     table = store_of(ctx).table(AGENT)
 
-    # a forged extra micro-batch 2 (nothing of it is in the store)
+    # a forged extra micro-batch 2 (nothing of it is in the store): the step task tries to
+    # accumulate it from the store, which has no segment of it
     forged = replace(trains[-1], micro_batch=2, segment_ids=())
-    with pytest.raises(StepMismatchError, match="refusing to step"):
+    with pytest.raises(RuntimeError, match="micro-batch 2: no committed segment"):
         step_agent(ctx, AGENT, 0, (*trains, forged))
     # a micro-batch whose counts differ from what the (rebuilt) trainer accumulated
     drop_trainers(ctx)
@@ -301,3 +302,35 @@ def test_train_task_retry_after_a_failure_inside_backward(new_ctx) -> None:
     t1 = train_micro_batch(ctx, AGENT, 0, 1)  # Prefect's retry, same worker
     got = step_agent(ctx, AGENT, 0, (t0, t1))
     assert_same_run(ctx, [got], ref, ref_steps)
+
+
+def test_read_scored_refuses_a_micro_batch_with_no_committed_segment(new_ctx) -> None:
+    """A missing segment is not an empty micro-batch: training it would step on part of
+    the batch."""
+    ctx = new_ctx()
+    write_scored(ctx, AGENT, NODE, 0, 0)
+    with pytest.raises(RuntimeError, match=r"step 0 micro-batch 1: no committed segment .*solve"):
+        read_scored(ctx, AGENT, 0, 1)
+
+
+def test_trainer_ahead_of_the_store_is_rebuilt_not_trained_on(
+    new_ctx, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run killed between its optimizer step and the consumption record, resumed onto the
+    same live cluster: the resident trainer holds a version the store never recorded. The
+    next task rebuilds it from the checkpoint and the run equals an uninterrupted one."""
+    ref = new_ctx("ref")
+    ref_steps = run_steps(ref, 2)
+    ctx = new_ctx("resumed")
+    first = run_steps(ctx, 1)
+    slots = slots_of(ctx)
+    trainer = slots.acquire(AGENT, trainer_factory(ctx, AGENT))
+    trainer.begin_step(step=1)
+    accumulate_part(ctx, trainer, AGENT, 1, 0, write_scored(ctx, AGENT, NODE, 1, 0))
+    trainer.step()  # in memory only: version 2, never published nor recorded
+    slots.release(AGENT)
+    assert trainer.version == 2
+    with caplog.at_level(logging.WARNING, logger="tasks.accounting"):
+        rest = run_steps(ctx, 2, start=1)
+    assert "resident trainer is ahead of the store; rebuilding it" in caplog.text
+    assert_same_run(ctx, first + rest, ref, ref_steps)

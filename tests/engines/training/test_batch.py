@@ -14,10 +14,10 @@ from transformers import (
     GraniteConfig,
     LlamaConfig,
     PretrainedConfig,
-    Qwen2Config,
 )
 
 from engines.training.batch import _token_logprobs_full, token_logprobs
+from tests.engines.training.training_helpers import qwen2_tied_config
 
 VOCAB = 2048
 
@@ -36,16 +36,7 @@ def _llama() -> PretrainedConfig:
 
 
 def _qwen2_tied() -> PretrainedConfig:
-    return Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )
+    return qwen2_tied_config(VOCAB)
 
 
 def _gpt2() -> PretrainedConfig:

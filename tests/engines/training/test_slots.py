@@ -104,8 +104,8 @@ def test_lru_and_busy(tiny_model: str, tmp_path: Path) -> None:
         slots.release("b")
     with pytest.raises(ValueError, match="num_slots >= 1"):
         SlotManager(0, StateStore(f"file://{tmp_path}/s"))
+    slots.release("c")  # a free slot by eviction, so the factory is what fails
     with pytest.raises(ValueError, match="built a trainer for 'x'"):
-        slots.release("c")
         slots.acquire("d", _factory("x", tiny_model))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import PretrainedConfig, Qwen2Config
 
 from engines.training.batch import TrainMicroBatch, build_microbatch
 
@@ -36,4 +37,19 @@ def merge(mbs: list[TrainMicroBatch]) -> TrainMicroBatch:
         cat("response_mask", 0.0),
         cat("old_logprobs", 0.0),
         torch.cat([m.advantages for m in mbs]),
+    )
+
+
+def qwen2_tied_config(vocab: int = 2048, **overrides: float) -> PretrainedConfig:
+    """A tiny Qwen2: tied embeddings, q/k/v biases, one KV head."""
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        **overrides,
     )

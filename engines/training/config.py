@@ -1,0 +1,89 @@
+"""Values at the trainer's boundary: the agent's optimizer/loss settings (`TrainConfig`,
+mapped one-to-one from the MEG's `optim:` and `loss:` fields), the outcome of a step, and the
+error a step raises when its micro-batches are not the step's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engines.training.advantages import ADVANTAGES
+from engines.training.aggregate import AGGREGATIONS
+from engines.training.lora import LoraConfig
+from engines.training.losses import ANCHORS, POLICY_LOSSES
+from meg.spec import AgentSpec
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """Optimizer and loss settings of one agent; names refer to the registries."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (norm still checked)
+    advantage: str = "grpo"
+    policy_loss: str = "grpo"
+    aggregation: str = "token-mean"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    dual_clip: float | None = None  # c > 1 caps a negative-advantage token's loss at c·|A|
+    kl_coef: float = 0.0
+    old_logprobs: str = "recompute"  # the PPO anchor: behaviour | recompute (losses.ANCHORS)
+    is_cap: float = 2.0  # truncation of the sampler-mismatch importance weight (recompute)
+    temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
+    seed: int = 0
+    dtype: str = "float32"
+    lora: LoraConfig | None = None
+
+    def __post_init__(self) -> None:
+        ADVANTAGES.get(self.advantage)  # unknown names raise, listing known ones
+        POLICY_LOSSES.get(self.policy_loss)
+        AGGREGATIONS.get(self.aggregation)
+        ANCHORS.get(self.old_logprobs)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
+        if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:
+            raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
+        if self.temperature <= 0 or self.is_cap < 1:
+            raise ValueError("TrainConfig: temperature must be > 0 and is_cap >= 1")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"TrainConfig.dual_clip must be > 1, got {self.dual_clip}")
+
+    @classmethod
+    def from_agent(cls, agent: AgentSpec, seed: int = 0) -> TrainConfig:
+        """The one mapping from the user's spec: every `optim:` and `loss:` field by name (a
+        spec field without a counterpart here raises, so none is dropped on the way), plus
+        the sampling temperature and the dtype."""
+        fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
+        fields["betas"] = tuple(fields["betas"])
+        return cls(**fields, temperature=agent.sampling.temperature, dtype=agent.dtype, seed=seed)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """Outcome of one `step()`; `version` is the policy version after it."""
+
+    version: int
+    skipped: bool
+    loss: float  # sum over micro-batches of the aggregated loss = the full-batch loss
+    grad_norm: float  # before clipping
+    num_tokens: int
+    num_seqs: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    step: int | None = None  # the step number begin_step declared
+    parts: dict[int, tuple[int, int]] = field(default_factory=dict)  # mb → (tokens, seqs)
+
+
+class StepMismatchError(ValueError):
+    """The accumulated micro-batches are not the step's: stepping would train a partial or
+    double-counted batch."""
