@@ -43,6 +43,7 @@ bench: setup models
 	$(BIN)/python -m bench.training --json bench/results/training.json
 	$(BIN)/python -m bench.rollout --json bench/results/rollout.json
 	$(BIN)/python -m bench.e2e --repeats 3 --json bench/results/e2e.json
+	$(BIN)/python -m bench.lora --json bench/results/lora.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -66,3 +66,15 @@ def max_positions(cfg: dict[str, object], default: int = 2048) -> int:
         if isinstance(value, int):
             return value
     return default
+
+
+def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """HF parameter names → shapes, read from the safetensors headers (no tensor loads)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():  # noqa: SIM118 — safe_open is not a mapping
+                shapes[k] = tuple(st.get_slice(k).get_shape())
+    return shapes

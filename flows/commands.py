@@ -6,15 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engines.training import loss_names
 from flows.cli import command
+from flows.config import load_config
 from flows.run import RunError
-from meg import MEGSpec, analyze, load_meg
+from meg import analyze
 from meg.render import mermaid, text
 from storage.errors import StoreError
 from workloads import resolve_config
 from workloads.datasets import DatasetError
-from workloads.rewards import known_rewards
 
 EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, RunError, StoreError)
 
@@ -30,15 +29,6 @@ def option_error(e: Any) -> RunError:
 def _config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config", help="MEG YAML file, or a built-in workload: math-chain, debate, fanout"
-    )
-
-
-def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
-    return load_meg(
-        resolve_config(name),
-        known_rewards=known_rewards(),
-        known_losses=loss_names(),
-        check_models=check_models,
     )
 
 
@@ -66,14 +56,33 @@ def meg_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _meg_show_workers(p: argparse.ArgumentParser) -> None:
+    _meg_show_args(p)
+    p.add_argument(
+        "--rollout-workers", type=int, default=1, help="for the weights report (default 1)"
+    )
+    p.add_argument(
+        "--train-workers", type=int, default=1, help="for the weights report (default 1)"
+    )
+
+
 @command(
     "meg show",
-    "Show a MEG: order, episode expansion, load per agent, critical path.",
-    _meg_show_args,
+    "Show a MEG: order, episode expansion, load per agent, critical path, weights per worker.",
+    _meg_show_workers,
 )
 def meg_show(args: argparse.Namespace) -> int:
     spec = load_config(args.config, check_models=not args.skip_model_check)
-    print(mermaid(spec) if args.mermaid else text(spec, analyze(spec)), end="")
+    if args.mermaid:
+        print(mermaid(spec), end="")
+        return 0
+    print(text(spec, analyze(spec)), end="")
+    if args.rollout_workers < 1 or args.train_workers < 1:
+        raise RunError("--rollout-workers and --train-workers must be at least 1")
+    if not args.skip_model_check:  # the report reads the model files
+        from flows.weights_report import report
+
+        print(report(spec, args.rollout_workers, args.train_workers), end="")
     return 0
 
 
@@ -169,6 +178,13 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, help="fsspec URL of the MEG Store")
     p.add_argument("--resume", default=None, metavar="RUN_DIR")
     p.add_argument("--summary-json", default=None, metavar="PATH")
+    p.add_argument(
+        "--export",
+        choices=["adapter", "merged"],
+        default="adapter",
+        help="final/<agent>/ of a LoRA agent: its PEFT adapter (default), or the HF model "
+        "with the adapter merged in (the adapter then in final/<agent>/adapter)",
+    )
     p.add_argument("--no-balance", action="store_true", help="static equal rollout placement")
     p.add_argument(
         "--executor",
@@ -216,6 +232,7 @@ def train_params(args: argparse.Namespace) -> Any:
         balance=not args.no_balance,
         executor=args.executor,
         summary_json=args.summary_json,
+        export=args.export,
         cluster=ClusterConfig(
             scheduler=args.scheduler,
             rollout_workers=args.rollout_workers,

@@ -52,8 +52,15 @@ def _trained_agents(spec: MEGSpec) -> list[str]:
 
 
 def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """`final/<agent>/` of a run, else its newest checkpoint exported to `tmp/<agent>`."""
-    from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
+    """`final/<agent>/` of a run (a LoRA adapter export merged into its base under `tmp`),
+    else its newest checkpoint exported, merged, to `tmp/<agent>`."""
+    from engines.training.checkpoint import (
+        export_hf,
+        latest_checkpoint,
+        merged_model_dir,
+        restore_trainer,
+    )
+    from engines.training.lora import is_adapter_dir
 
     run = load_run(run_dir)
     models, labels = {}, {}
@@ -61,6 +68,11 @@ def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, st
         final = run_dir / "final" / agent
         if _is_model_dir(final):
             models[agent], labels[agent] = str(final), f"final/{agent}"
+            continue
+        if is_adapter_dir(final) and agent in run.ctx.spec.agents:
+            spec = run.ctx.spec.agents[agent]
+            out = merged_model_dir(final, spec.model.removeprefix("hf://"), spec.dtype, tmp / agent)
+            models[agent], labels[agent] = str(out), f"final/{agent} (adapter, merged)"
             continue
         if agent not in run.ctx.spec.agents:
             raise EvalError(f"run {run_dir} has no agent {agent!r} (it trained a different MEG)")
@@ -71,7 +83,11 @@ def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, st
                 f"{agent!r} under {run.ctx.checkpoint_root(agent)}; did the run finish a step?"
             )
         base_model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
-        out = export_hf(restore_trainer(ckpt, model_path=base_model), tmp / agent)
+        trainer = restore_trainer(ckpt, model_path=base_model)
+        try:
+            out = export_hf(trainer, tmp / agent, how="merged")
+        finally:
+            trainer.close()
         models[agent], labels[agent] = str(out), ckpt.rstrip("/").rsplit("/", 1)[1]
     return models, labels
 

@@ -27,13 +27,13 @@ import numpy as np
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from engines.training import loss_names
+from flows.config import load_config
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
-from meg import MEGSpec, load_meg, sinks, topological_order
+from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from workloads import resolve_config
 from workloads.datasets import TaskItem, load_dataset
-from workloads.rewards import EpisodeView, SampleView, get_reward, known_rewards
+from workloads.rewards import EpisodeView, SampleView, get_reward
 
 # Neither backend has an argmax mode (SamplingParams rejects temperature 0 on purpose), and
 # a small temperature is not enough: vLLM raises any temperature below 0.01 to 0.01, and an
@@ -256,12 +256,7 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     """Greedy rewards per node, per agent and for the team on the chosen split."""
     t0 = time.time()
     check_checkpoint(p.base, p.checkpoint)
-    spec = load_meg(
-        resolve_config(p.config),
-        known_rewards=known_rewards(),
-        known_losses=loss_names(),
-        check_models=p.base,
-    )
+    spec = load_config(p.config, check_models=p.base)
     items = eval_tasks(spec, p.split, p.limit)
     tasks = {f"eval{i}": item for i, item in enumerate(items)}
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as tmp:

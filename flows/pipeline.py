@@ -24,7 +24,10 @@ mode only changes which edges exist:
               loss corrects them with importance ratios from the stored behaviour logprobs
 
 A bounded window of steps is in flight; placement is explicit (the balancer picks the rollout
-worker of each generate task, each agent trains on its own sticky training worker).
+worker of each generate task, each agent trains on its own sticky training worker). Both
+place *weight units* (`meg.sharing`), not agents: LoRA agents that share a base are one unit,
+so they are always served by the same rollout engines and trained on the same training
+worker, where one resident base holds all their adapters.
 
 Order on a worker matters as much as the edges (each worker runs one task at a time). Dask
 starts whichever task is ready when one finishes, before the scheduler has even heard of the
@@ -56,6 +59,7 @@ from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
 from flows.cluster import Workers
 from flows.executors import Executor
 from meg import ScoreGroup, expand_episode, score_groups, topological_order
+from meg.sharing import unit_of
 from tasks.context import RunContext
 from tasks.rollout import Episode, episode_id
 from tasks.scoring import scoring_plan
@@ -128,9 +132,10 @@ class StepLog:
         return list(self.refs)
 
 
-def rollout_hosts(workers: Workers, n_agents: int) -> list[str]:
-    """Balancer host ids: enough model instances on the rollout workers for every agent."""
-    per = math.ceil(n_agents / len(workers.rollout))
+def rollout_hosts(workers: Workers, n_units: int) -> list[str]:
+    """Balancer host ids: enough model instances on the rollout workers for every weight
+    unit (an agent with its own weights, or a base shared by LoRA agents)."""
+    per = math.ceil(n_units / len(workers.rollout))
     return [f"{w}#{i}" for i in range(per) for w in workers.rollout]
 
 
@@ -161,12 +166,12 @@ class Pipeline:
         )
         self.agents = need_order(self.order, node_agent)
         self.base_versions = base_versions
-        self.train_worker = {
-            a: workers.train[i % len(workers.train)] for i, a in enumerate(self.agents)
-        }
-        hosts = rollout_hosts(workers, len(self.agents))
+        self.unit = unit_of(spec, self.agents)  # agent → its weight unit (shared base or own)
+        units = list(dict.fromkeys(self.unit[a] for a in self.agents))  # in need order
+        train_of = {u: workers.train[i % len(workers.train)] for i, u in enumerate(units)}
+        self.train_worker = {a: train_of[self.unit[a]] for a in self.agents}
         self.balancer: Balancer = (HierarchicalBalancer if cfg.balance else NoBalancing)(
-            self.agents, hosts
+            units, rollout_hosts(workers, len(units))
         )
         self.on_event = on_event or (lambda kind, ref: None)
         self.samples_per_episode = {n: len(s) for n, s in expand_episode(spec).samples.items()}
@@ -200,7 +205,7 @@ class Pipeline:
                 agent = spec.nodes[node].agent
                 weights, barrier = self._weights_dep(agent, k)
                 est = len(eps) * self.samples_per_episode[node] * spec.node_max_tokens(node)
-                host = self.balancer.place(agent, est)
+                host = self.balancer.place(self.unit[agent], est)
                 parents = tuple(self.gen[(p, k, j)] for p in spec.nodes[node].inputs)
                 previous_mb = (self.gen[(node, k, j - 1)],) if j else ()
                 self.gen[(node, k, j)] = self._submit(
@@ -316,7 +321,7 @@ class Pipeline:
                 self.logs[ref.step].add(ref)
             if kind == "generate" and host is not None:
                 self.balancer.complete(host, est)
-                self.balancer.observe(ref.agent, ref.decode_tokens)
+                self.balancer.observe(self.unit[ref.agent], ref.decode_tokens)
                 self._gens_left[ref.step] -= 1
                 if self._gens_left[ref.step] == 0:
                     self.balancer.end_step()

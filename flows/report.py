@@ -97,10 +97,17 @@ def summary(
             "problems": list(audit.problems[:20]),
         },
         "resumed_segments": sum(1 for r in results if isinstance(r, GenRef) and r.resumed),
+        "publish_ms_median": publish_ms(results),
         "store_url": store_url,
         "run_id": run_id,
         "run_dir": run_dir,
     }
+
+
+def publish_ms(results: list[Any]) -> float:
+    """Median time of one weight publication (full weights, or an adapter) in ms."""
+    times = [r.publish_s for r in results if isinstance(r, StepRef) and not r.resumed]
+    return round(1e3 * float(np.median(times)), 3) if times else 0.0
 
 
 def reward_gain(per_step_rows: list[dict[str, Any]], k: int = 3) -> float:

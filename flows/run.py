@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.training import loss_names
 from engines.training.checkpoint import latest_checkpoint
-from meg import MEGSpec, validate
+from flows.config import validate_spec
+from meg import MEGSpec
 from storage.store import MEGStore
 from tasks.context import RunContext
-from workloads.rewards import known_rewards
 
 
 class RunError(ValueError):
@@ -78,12 +77,7 @@ def load_run(run_dir: Path) -> Run:
         )
     try:
         rec = json.loads(path.read_text())
-        spec = validate(
-            MEGSpec.model_validate(rec["spec"]),
-            source=str(path),
-            known_rewards=known_rewards(),
-            known_losses=loss_names(),
-        )
+        spec = validate_spec(MEGSpec.model_validate(rec["spec"]), str(path))
         ctx = RunContext(
             rec["run_id"],
             rec["store_url"],

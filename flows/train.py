@@ -18,23 +18,20 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from engines.training import loss_names
 from flows.artifacts import publish, reward_curve, timeline
 from flows.cluster import ClusterConfig, Workers, dask_cluster
+from flows.config import load_config
 from flows.executors import DaskExecutor, PrefectExecutor
 from flows.pipeline import Pipeline, PipelineConfig
 from flows.progress import Progress
 from flows.report import reward_gain, summary, timings
 from flows.run import Run, RunError, default_store, load_run, resume_point
 from flows.watch import watch_step
-from meg import load_meg
 from meg.render import mermaid
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
 from tasks.scoring import scoring_plan
-from workloads import resolve_config
-from workloads.rewards import known_rewards
 
 
 class TrainParams(BaseModel):
@@ -67,6 +64,11 @@ class TrainParams(BaseModel):
     cluster: ClusterConfig = ClusterConfig()
     summary_json: str | None = None
     export_final: bool = True
+    export: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description="final/<agent>/ of a LoRA agent: its PEFT adapter, or the HF model with "
+        "the adapter merged in (the adapter then in final/<agent>/adapter)",
+    )
 
 
 def check(p: TrainParams) -> None:
@@ -79,9 +81,7 @@ def check(p: TrainParams) -> None:
             f"{p.run_dir} already holds a run; use --resume {p.run_dir} to continue "
             "it, or choose another --run-dir"
         )
-    spec = load_meg(
-        resolve_config(p.config), known_rewards=known_rewards(), known_losses=loss_names()
-    )
+    spec = load_config(p.config)
     r = spec.run
     try:
         scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
@@ -98,9 +98,7 @@ def prepare(p: TrainParams) -> Run:
     """Phase 1: a new run from the config, or the resume point of an existing run."""
     if p.resume:
         return resume_point(load_run(Path(p.resume)))
-    spec = load_meg(
-        resolve_config(p.config), known_rewards=known_rewards(), known_losses=loss_names()
-    )
+    spec = load_config(p.config)
     r = spec.run
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
@@ -249,19 +247,24 @@ def finalize(
         key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{ctx.spec.name}-{ctx.mode}".lower()))
         publish(run.dir, out, mermaid(ctx.spec), key)
     if p.export_final:
-        export_final(run)
+        export_final(run, p.export)
     return out
 
 
-def export_final(run: Run) -> None:
-    """HF-format model directories of every agent's final policy (what `evaluate` loads)."""
+def export_final(run: Run, how: str = "adapter") -> None:
+    """Every agent's final policy under `final/<agent>/` (what `evaluate` loads): a HF model
+    directory, or for a LoRA agent its PEFT adapter (`how="merged"`: the merged model)."""
     from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
 
     for agent in {n.agent for n in run.ctx.spec.nodes.values()}:
         ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
         if ckpt is not None:
             model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
-            export_hf(restore_trainer(ckpt, model_path=model), run.dir / "final" / agent)
+            trainer = restore_trainer(ckpt, model_path=model)
+            try:
+                export_hf(trainer, run.dir / "final" / agent, how=how)
+            finally:
+                trainer.close()
 
 
 @flow(name="flexmarl-train", log_prints=True)

@@ -204,11 +204,6 @@ def check_agents(
                 f"got clip_eps={loss.clip_eps}, clip_eps_high={loss.clip_eps_high}",
                 f"{where}.loss",
             )
-        if agent.lora:
-            raise fail(
-                "LoRA agents are not supported yet; remove `lora: true` to train full weights",
-                f"{where}.lora",
-            )
         if agent.placement != PlacementSpec():
             raise fail(
                 "placement hints are not supported yet (the balancer places rollouts from "

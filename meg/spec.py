@@ -86,6 +86,41 @@ class PlacementSpec(_Frozen):
     train_slot: str | None = None
 
 
+class LoraSpec(_Frozen):
+    """A LoRA adapter (Hu et al. 2021) on the agent's `model`, with PEFT's meanings.
+
+    Agents whose `model`, `backend` and `dtype` agree share one resident base everywhere
+    weights live (rollout engine, training worker); each is an adapter on it. `lora: true`
+    takes every default."""
+
+    r: int = Field(8, ge=1, le=256, description="Adapter rank.")
+    alpha: float = Field(16.0, gt=0.0, description="Scale α: the update is (α / r)·B·A.")
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapter's input in the gradient pass only (the anchor, "
+        "reference and rollout logprobs run without it, so it perturbs the ratio: keep 0 "
+        "unless you want the regularisation).",
+    )
+    target_modules: list[str] | str | None = Field(
+        None,
+        description="Module-name suffixes to adapt, `all-linear`, or None: PEFT's default "
+        "for the architecture (q_proj and v_proj for Llama and Qwen).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _targets(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(v, str) and v != "all-linear":
+            raise ValueError(
+                f"target_modules must be a list of module names or 'all-linear', got {v!r}"
+            )
+        if isinstance(v, list) and not v:
+            raise ValueError("target_modules is empty: name at least one module, or omit it")
+        return v
+
+
 class AgentSpec(_Frozen):
     """A trainable policy: its own weights, optimizer and sampling defaults."""
 
@@ -101,7 +136,18 @@ class AgentSpec(_Frozen):
     placement: PlacementSpec = Field(
         PlacementSpec(), description="Not supported yet: only the defaults validate."
     )
-    lora: bool = Field(False, description="Not supported yet: only `false` validates.")
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train a LoRA adapter on `model` instead of full weights (`true`: defaults).",
+    )
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _lora_flag(cls, v: Any) -> Any:
+        """`lora: true` is every default, `lora: false` full weights."""
+        if v is True:
+            return LoraSpec()
+        return None if v is False else v
 
 
 class NodeSpec(_Frozen):

@@ -71,12 +71,14 @@ def _encode_cached(path: str, text: str) -> tuple[int, ...]:
 
 
 def ensure_weights(ctx: RunContext, host: Any, agent: str, min_version: int) -> int:
-    """Bring the host to the version this rollout must sample with; return it.
+    """Bring the host to the version this rollout must sample `agent` with; return it.
 
     `flex` and `sync` need exactly `min_version` (zero staleness: a newer policy would break
     the consistency rule as surely as an older one); `async(η)` takes the newest published
-    version at or above it."""
-    if min_version == 0 and host.version == 0:
+    version at or above it. A full-weight host loads the published weights; a host shared by
+    LoRA agents loads the agent's published adapter (`engines.rollout.hosts`)."""
+    held = host.held(agent)
+    if min_version == 0 and held == 0:
         return 0
     state = state_of(ctx)
     exact = ctx.mode != "async"
@@ -87,13 +89,13 @@ def ensure_weights(ctx: RunContext, host: Any, agent: str, min_version: int) -> 
             f"is {latest}; the optimizer-step task should have published it"
         )
     version = min_version if exact else latest
-    if exact and host.version > version:
+    if exact and held > version:
         raise RuntimeError(
-            f"agent {agent!r}: the host already holds version {host.version}, but this "
+            f"agent {agent!r}: the host already holds version {held}, but this "
             f"{ctx.mode} rollout must sample with version {version}"
         )
-    host.ensure_version(version, lambda: state.get(weights_key(agent, version), to=HostMem())[0])
-    return int(host.version)
+    host.load(agent, version, lambda: state.get(weights_key(agent, version), to=HostMem()))
+    return int(host.held(agent))
 
 
 def _parent_infos(
@@ -206,7 +208,7 @@ def generate_segment(
     plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
     params = sampling_for(ctx, node, step, mb)
     t0 = time.time()
-    completions = host.generate(prompts, params)
+    completions = host.generate(prompts, params, agent_name)
     t1 = time.time()
     rows = []
     for plan, prompt, outs in zip(plans, prompts, completions, strict=True):

@@ -13,6 +13,7 @@ export is the last step's weights whatever `checkpoint_every` says).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class StepRef:
     grad_norm: float
     resumed: bool
     timing: Timing
+    publish_s: float = 0.0  # of the step's time, putting the new weights in the StateStore
 
 
 def train_config(ctx: RunContext, agent: str) -> TrainConfig:
@@ -123,7 +125,11 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
     try:
         version_before = trainer.version
         result = trainer.step(expect={t.micro_batch: (t.tokens, t.rows) for t in trains})
-        publish_weights(state_of(ctx), agent, result.version, trainer.weights())
+        t_publish = time.perf_counter()
+        publish_weights(
+            state_of(ctx), agent, result.version, trainer.weights(), meta=trainer.describe()
+        )
+        publish_s = time.perf_counter() - t_publish
         # the record first, the checkpoint second: a kill in between leaves a logged step
         # without its checkpoint, which is replayed from the store, never applied twice
         table.record_consumption(
@@ -163,6 +169,7 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
         result.grad_norm,
         False,
         watch.done(),
+        publish_s,
     )
 
 

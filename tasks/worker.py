@@ -105,23 +105,32 @@ def slot_devices(n: int) -> tuple[str, ...]:
 
 
 def host_of(ctx: RunContext, agent: str) -> Any:
-    """This worker's model host for `agent` in this run.
+    """This worker's model host for `agent` in this run: the engine of its weight unit.
+
+    A full-weight agent has an engine of its own; LoRA agents that share a base share one
+    engine serving an adapter each (`meg.sharing`), sized for all of them.
 
     Hosts are keyed by run: a long-lived cluster (tests, a deployment's Dask cluster) serves
     run after run, and a host still holding another run's weights must never serve this one.
     Hosts of other runs are dropped when a new run first asks, so memory does not grow."""
+    from engines.rollout.base import AdapterServing
     from engines.rollout.hosts import drop_host, get_host, hosted_agents
+    from meg.sharing import weight_units
 
-    key = f"{ctx.run_id}/{agent}"
+    unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
+    key = f"{ctx.run_id}/{unit.name}"
     for other in hosted_agents():
         if not other.startswith(f"{ctx.run_id}/"):
             drop_host(other)
-    spec = ctx.spec.agents[agent]
-    return get_host(key, spec.backend, spec.model.removeprefix("hf://"), dtype=spec.dtype)
+    opts: dict[str, Any] = {"dtype": unit.dtype}
+    if unit.lora:
+        ranks = [lora.r for a in unit.agents if (lora := ctx.spec.agents[a].lora) is not None]
+        opts["adapters"] = AdapterServing(len(unit.agents), max(ranks))
+    return get_host(key, unit.backend, unit.model.removeprefix("hf://"), **opts)
 
 
 def forget_other_runs(run_id: str) -> None:
     """Drop the trainers of other runs (frees memory in long-lived workers)."""
     with _LOCK:
         for key in [k for k in _SLOTS if k[0] != run_id]:
-            del _SLOTS[key]
+            _SLOTS.pop(key).close()

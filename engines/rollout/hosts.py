@@ -11,6 +11,17 @@ so the task layer can retry. The next `get_host` for that agent re-creates the b
 `model_path` and re-applies the latest weights it was asked to hold (the last
 `ensure_version` callable). A worker process that died takes its registry with it; the new
 process starts empty and the first `ensure_version` loads the published weights.
+
+LoRA: agents that share a base are served by one `AdapterHost` (registered under the base's
+unit name, `meg.sharing`): one engine, an adapter per agent at the version the task asked
+for. Loading version v of agent A loads adapter `A@vv` and then retires A's previous one:
+every generate call of a host is serialised by its lock, and a task always samples with the
+version it has just ensured, so once v is loaded no task still needs v−1. Version 0 is the
+base itself (a fresh adapter has B = 0). After a crash the re-created host holds no adapter;
+the next `load` brings back the one each agent needs.
+
+The task layer talks to both kinds through `held(agent)` / `load(agent, version, loader)` /
+`generate(prompts, params, agent)`, so it never asks which kind it has.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from typing import Any
 from torch import Tensor
 
 from engines.rollout.base import (
+    AdapterServing,
     Completion,
     HostCrashedError,
     RolloutBackend,
@@ -32,6 +44,7 @@ from engines.rollout.base import (
 )
 
 WeightsLoader = Callable[[], dict[str, Tensor]]
+StateLoader = Callable[[], tuple[dict[str, Tensor], dict[str, Any]]]  # (tensors, meta)
 
 
 @dataclass(eq=False)
@@ -58,17 +71,31 @@ class Host:
         with self._count_lock:
             self.outstanding_tokens += tokens
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    def held(self, agent: str) -> int:
+        """The policy version this host would sample `agent` with now."""
+        return self.backend.version
+
+    def load(self, agent: str, version: int, loader: StateLoader) -> bool:
+        """Hold `version` of `agent` (loaded through `loader` only if needed)."""
+        return self.ensure_version(version, lambda: loader()[0])
+
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None
     ) -> list[list[Completion]]:
-        """Serialized per host (backends are not thread-safe); counts outstanding tokens."""
+        return self.backend.generate(prompts, params)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None = None
+    ) -> list[list[Completion]]:
+        """Serialized per host (backends are not thread-safe); counts outstanding tokens.
+        `agent` picks the adapter on a shared base (ignored by a full-weight host)."""
         est = len(prompts) * params.n * params.max_tokens
         self._add_outstanding(est)
         try:
             with self._lock:
                 if self.crashed:
                     raise HostCrashedError(f"host of agent {self.agent!r} has crashed")
-                return self.backend.generate(prompts, params)
+                return self._generate(prompts, params, agent)
         except HostCrashedError:
             self.crashed = True
             raise
@@ -96,6 +123,38 @@ class Host:
                 return False
             self.backend.update_weights(load_weights(), version)
             return True
+
+
+@dataclass(eq=False)
+class AdapterHost(Host):
+    """One engine on a base shared by LoRA agents; an adapter per agent (module docstring)."""
+
+    adapters: dict[str, tuple[int, str]] = field(default_factory=dict)  # agent → (v, name)
+
+    def held(self, agent: str) -> int:
+        return self.adapters.get(agent, (0, ""))[0]
+
+    def load(self, agent: str, version: int, loader: StateLoader) -> bool:
+        with self._lock:
+            old = self.adapters.get(agent)
+            if (old[0] if old else 0) == version:
+                return False
+            if version > 0:
+                tensors, meta = loader()
+                name = f"{agent}@v{version}"
+                self.backend.load_adapter(name, tensors, meta["lora"])
+                self.adapters[agent] = (version, name)
+            else:
+                del self.adapters[agent]
+            if old is not None:
+                self.backend.remove_adapter(old[1])  # no task needs it any more
+            return True
+
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None
+    ) -> list[list[Completion]]:
+        loaded = self.adapters.get(agent) if agent is not None else None
+        return self.backend.generate(prompts, params, adapter=loaded[1] if loaded else None)
 
 
 _HOSTS: dict[str, Host] = {}
@@ -127,7 +186,8 @@ def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
             return host
         loads = host.loads + 1 if host is not None else 1
         latest = host.latest if host is not None else None
-        new = Host(
+        kind = AdapterHost if isinstance(opts.get("adapters"), AdapterServing) else Host
+        new = kind(
             agent, backend, model_path, dict(opts), make_backend(backend, model_path, **opts)
         )
         if host is not None:  # the crashed backend must not be torn down under the others

@@ -1,10 +1,15 @@
 """Checkpoints (safetensors + JSON, on any fsspec URL) and export to a HF model directory.
 
-A checkpoint directory holds exactly two objects, written tensors-first so that `meta.json`
-is the commit marker (a directory without it is an unfinished write and is ignored)::
+A checkpoint directory holds two objects, written tensors-first so that `meta.json` is the
+commit marker (a directory without it is an unfinished write and is ignored)::
 
     <dir>/state.safetensors   model/…, optim/…, rng/cpu  (AgentTrainer.state())
     <dir>/meta.json           agent, model_path, version, skipped_steps, param groups, config
+
+A LoRA agent's checkpoint is also a PEFT adapter directory: its `model/` tensors are written
+as `adapter_model.safetensors` + `adapter_config.json` (PEFT's layout, loadable by
+`peft.PeftModel.from_pretrained` and vLLM), the rest (optimizer, RNG) in `state.safetensors`;
+`meta.json` still goes last.
 
 Never pickle; nothing here calls `torch.load`. Restoring then stepping reproduces the next
 update bit-exactly (tested), because model, AdamW moments and step counters, and the CPU RNG
@@ -24,7 +29,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from engines.training.lora import LoraConfig, save_adapter
+from engines.training.config import DTYPES
+from engines.training.lora import (
+    ADAPTER_WEIGHTS,
+    LoraConfig,
+    is_adapter_dir,
+    merge_adapter,
+    write_adapter,
+)
 from engines.training.trainer import AgentTrainer, TrainConfig
 
 STATE_FILE = "state.safetensors"
@@ -50,6 +62,14 @@ def save_state(url: str, tensors: dict[str, Tensor], meta: dict[str, Any]) -> No
     """Write a (tensors, meta) pair as a checkpoint directory at `url` (tensors first)."""
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(path, exist_ok=True)
+    lora = meta.get("lora")
+    if lora is not None:  # the agent's own weights as a PEFT adapter, beside the rest
+        adapter = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("model/")}
+        with fs.open(f"{path}/{ADAPTER_WEIGHTS}", "wb") as f:
+            f.write(st_save({k: v.detach().cpu().contiguous() for k, v in adapter.items()}))
+        with fs.open(f"{path}/adapter_config.json", "w") as f:
+            json.dump(lora, f, indent=1, sort_keys=True)
     cpu = {k: v.detach().cpu() for k, v in _unshare(tensors).items()}
     with fs.open(f"{path}/{STATE_FILE}", "wb") as f:
         f.write(st_save(cpu))
@@ -67,12 +87,17 @@ def load_checkpoint(url: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
         meta = json.load(f)
     with fs.open(f"{path}/{STATE_FILE}", "rb") as f:
         tensors = st_load(f.read())
+    if meta.get("lora") is not None:
+        if not fs.exists(f"{path}/{ADAPTER_WEIGHTS}"):
+            raise FileNotFoundError(f"LoRA checkpoint {url!r} has no {ADAPTER_WEIGHTS}")
+        with fs.open(f"{path}/{ADAPTER_WEIGHTS}", "rb") as f:
+            tensors |= {f"model/{k}": v for k, v in st_load(f.read()).items()}
     return tensors, meta
 
 
 def save_checkpoint(trainer: AgentTrainer, url: str) -> None:
-    """Checkpoint `trainer` (model, optimizer, RNG, version) into directory `url`."""
-    save_state(url, trainer.state(), trainer.meta())
+    """Checkpoint `trainer` (own weights, optimizer, RNG, version) into directory `url`."""
+    save_state(url, trainer.state(), trainer.meta() | trainer.describe())
 
 
 def checkpoint_dir(root: str, version: int) -> str:
@@ -137,9 +162,7 @@ def restore_trainer(url: str, device: str = "cpu", model_path: str | None = None
     tensors, meta = load_checkpoint(url)
     cfg = dict(meta["config"])
     cfg["betas"] = tuple(cfg["betas"])
-    if cfg.get("lora") is not None:
-        lora = dict(cfg["lora"])
-        cfg["lora"] = LoraConfig(**{**lora, "target_modules": tuple(lora["target_modules"])})
+    cfg["lora"] = LoraConfig.from_json(cfg.get("lora"))
     trainer = AgentTrainer(
         meta["agent"], model_path or meta["model_path"], TrainConfig(**cfg), device
     )
@@ -147,23 +170,52 @@ def restore_trainer(url: str, device: str = "cpu", model_path: str | None = None
     return trainer
 
 
-def export_hf(trainer: AgentTrainer, out_dir: str | Path) -> Path:
-    """Write a HF model directory (config, safetensors, tokenizer files copied from the source).
+EXPORTS = ("adapter", "merged")
 
-    transformers' `from_pretrained` and vLLM load it; the evaluator uses it. Tokenizer files
-    are copied only when the source is a local directory. Under LoRA the adapter is merged
-    into the written weights, and also written unmerged (PEFT format) to `<out>/adapter`.
-    """
-    out = Path(out_dir)
-    merged = trainer.merged_weights()  # raises if the state is released
-    trainer.model.save_pretrained(out, state_dict={k: v.contiguous() for k, v in merged.items()})
-    if trainer.config.lora is not None:
-        save_adapter(trainer.weights(), trainer.config.lora, trainer.model_path, out / "adapter")
-    src = Path(trainer.model_path)
+
+def _copy_tokenizer(src: Path, out: Path) -> None:
     if src.is_dir():
         for f in src.iterdir():
             if f.is_file() and TOKENIZER_FILES.match(f.name):
                 shutil.copy2(f, out / f.name)
-    info = {"agent": trainer.agent, "version": trainer.version}
+
+
+def export_hf(trainer: AgentTrainer, out_dir: str | Path, how: str = "adapter") -> Path:
+    """Export the agent's policy for transformers, peft and vLLM; returns `out_dir`.
+
+    Full weights: a HF model directory (config, safetensors, tokenizer files copied from a
+    local source). LoRA (`how`): `adapter` writes a PEFT adapter directory (+ the tokenizer
+    files) that `PeftModel.from_pretrained(base, out)` and vLLM's `LoRARequest` load;
+    `merged` writes the HF model with the adapter folded in (through peft's own
+    `merge_and_unload`) and the adapter beside it in `<out>/adapter`. `flexmarl.json` names
+    the agent, its version and, for an adapter, its base model."""
+    if how not in EXPORTS:
+        raise ValueError(f"export {how!r} unknown; known: {', '.join(EXPORTS)}")
+    out = Path(out_dir)
+    info: dict[str, Any] = {"agent": trainer.agent, "version": trainer.version}
+    if trainer.config.lora is None:
+        weights = trainer.weights()  # raises if the state is released
+        state = {k: v.contiguous() for k, v in weights.items()}
+        model: Any = trainer.model  # a transformers PreTrainedModel
+        model.save_pretrained(out, state_dict=state)
+    else:
+        adapter_dir = out if how == "adapter" else out / "adapter"
+        write_adapter(adapter_dir, trainer.weights(), trainer.describe()["lora"])
+        info["base_model"] = trainer.model_path
+        if how == "merged":
+            merge_adapter(trainer.model_path, adapter_dir, out, DTYPES[trainer.config.dtype])
+    out.mkdir(parents=True, exist_ok=True)
+    _copy_tokenizer(Path(trainer.model_path), out)
     (out / "flexmarl.json").write_text(json.dumps(info))
+    return out
+
+
+def merged_model_dir(export_dir: str | Path, base_model: str, dtype: str, tmp: Path) -> Path:
+    """A HF model directory for an export: itself, or (a LoRA adapter export) the adapter
+    merged into `base_model` under `tmp` (what the evaluator loads)."""
+    src = Path(export_dir)
+    if (src / "config.json").is_file() or not is_adapter_dir(src):
+        return src
+    out = merge_adapter(base_model, src, tmp, DTYPES[dtype])
+    _copy_tokenizer(Path(base_model), out)
     return out

@@ -63,10 +63,17 @@ class TrainConfig:
     def from_agent(cls, agent: AgentSpec, seed: int = 0) -> TrainConfig:
         """The one mapping from the user's spec: every `optim:` and `loss:` field by name (a
         spec field without a counterpart here raises, so none is dropped on the way), plus
-        the sampling temperature and the dtype."""
+        the sampling temperature, the dtype and the LoRA adapter (`lora:`)."""
         fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
         fields["betas"] = tuple(fields["betas"])
-        return cls(**fields, temperature=agent.sampling.temperature, dtype=agent.dtype, seed=seed)
+        lora = LoraConfig.from_json(None if agent.lora is None else agent.lora.model_dump())
+        return cls(
+            **fields,
+            temperature=agent.sampling.temperature,
+            dtype=agent.dtype,
+            seed=seed,
+            lora=lora,
+        )
 
 
 @dataclass(frozen=True, slots=True)

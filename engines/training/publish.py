@@ -10,6 +10,7 @@ each publish; a host that still reads an old version keeps its already-loaded te
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from torch import Tensor
 
@@ -59,15 +60,18 @@ def publish_weights(
     *,
     at: Location | None = None,
     retain: int | None = 2,
+    meta: dict[str, Any] | None = None,
 ) -> StateRef:
-    """Put `tensors` (HF parameter names) at `weights/{agent}/v{version:06d}`, then GC.
+    """Put `tensors` at `weights/{agent}/v{version:06d}`, then GC. The names are the
+    trainer's state names: HF checkpoint names, or for a LoRA agent PEFT's saved adapter
+    names, with the adapter's config in `meta["lora"]` (`AgentTrainer.describe()`).
 
     Publishing the same version twice overwrites it (a retried task is idempotent).
     """
     ref = store.put(
         weights_key(agent, version),
         tensors,
-        {"agent": agent, "version": version},
+        {**(meta or {}), "agent": agent, "version": version},
         at=Url("") if at is None else at,
     )
     if retain is not None:

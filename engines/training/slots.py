@@ -100,10 +100,17 @@ class SlotManager:
         slot = self._slot_of(agent)
         if slot is not None:
             slot.agent, slot.busy = None, False
-        self._trainers.pop(agent, None)
+        trainer = self._trainers.pop(agent, None)
+        if trainer is not None:
+            trainer.close()  # a LoRA adapter leaves its shared base
         self._lru.pop(agent, None)
         if self.state_store.where(self.state_key(agent)) is not None:
             self.state_store.delete(self.state_key(agent))
+
+    def close(self) -> None:
+        """Forget every agent (a worker dropping a finished run's trainers)."""
+        for agent in list(self._trainers):
+            self.forget(agent)
 
     def evict(self, agent: str) -> None:
         """Swap `agent` out now (e.g. before a planned shutdown); it must be idle."""

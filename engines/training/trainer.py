@@ -31,18 +31,24 @@ Numerics (docs/models.md): forward passes run in `eval()` mode (dropout off: a d
 would make the trainer's logprobs a different policy from the sampler's, biasing every ratio);
 logprobs are `log_softmax(logits / T)` at the agent's sampling temperature, over response
 positions only (`token_logprobs`); the PPO anchor is chosen per agent (`old_logprobs`, see
-losses.py). With `kl_coef > 0` the reference logprobs come from the agent's initial weights,
-a frozen copy shared by every trainer of the same (model, dtype, device) in the process.
+losses.py). With `kl_coef > 0` the reference logprobs come from the agent's initial policy:
+a frozen copy shared by every trainer of the same (model, dtype, device) in the process, or
+for a LoRA agent the shared base with the adapters off.
+
+What the trainer trains is a `PolicyWeights` (`weights.py`): a whole model of its own, or a
+LoRA adapter on the process's one base for that model (`bases.py`). The trainer never asks
+which; it only makes its policy the active one around each forward + backward.
 
 A non-finite loss or gradient skips the step: no optimizer update, gradients dropped,
 weights and optimizer state bit-identical, `version` unchanged, the event counted in
 `skipped_steps` and logged — never silently applied.
 
 State (`state()` / `load_state()`) is a flat `dict[str, Tensor]` + a JSON-able meta dict, so
-it goes through the StateStore and safetensors unchanged: `model/<hf name>`,
-`optim/<hf name>/<exp_avg|exp_avg_sq|step>`, `rng/cpu`. `release()` drops all tensors
-(the slot manager calls it after the state is safely in the store); `load_state()` brings
-them back into the same module objects.
+it goes through the StateStore and safetensors unchanged: `model/<name>`,
+`optim/<name>/<exp_avg|exp_avg_sq|step>`, `rng/cpu`, where a name is an HF checkpoint name,
+or PEFT's saved adapter name under LoRA (never the shared base). `release()` drops those
+tensors (the slot manager calls it after the state is safely in the store); `load_state()`
+brings them back into the same module objects.
 """
 
 from __future__ import annotations
@@ -53,10 +59,8 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from torch import Tensor
-from transformers import AutoModelForCausalLM
+from torch import Tensor, nn
 
-from engines.families import checkpoint_names
 from engines.training.accum import Accum, normaliser
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
@@ -67,15 +71,9 @@ from engines.training.config import (
     StepResult,
     TrainConfig,
 )
-from engines.training.lora import (
-    PEFT_PREFIX,
-    inject_lora,
-    is_adapter_key,
-    merged_weights,
-    share_base,
-)
 from engines.training.losses import anchor, policy_loss
 from engines.training.reference import reference_model
+from engines.training.weights import PolicyWeights, make_weights
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +87,7 @@ __all__ = [
     "reference_model",
 ]
 
+
 class AgentTrainer:
     """Trainer state of one agent: model, AdamW, policy version. Plain torch, no Prefect."""
 
@@ -98,32 +97,34 @@ class AgentTrainer:
         self.agent = agent
         self.model_path = model_path
         self.config = config
-        self.device = torch.device(device)
         torch.manual_seed(config.seed)
-        dtype = DTYPES[config.dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-        if config.lora is not None:
-            inject_lora(self.model, config.lora)
-        self.model.to(self.device)  # type: ignore[arg-type]
-        self.model.eval()  # dropout off: see the module docstring
-        if config.lora is not None:
-            share_base(self.model, model_path, dtype, str(self.device))
-        # what state()/release()/load_state() cover: everything a fresh checkpoint of the
-        # family holds (tied aliases dropped, engines.families), or the adapter only
-        self._state_keys = [
-            k for k in checkpoint_names(self.model) if config.lora is None or is_adapter_key(k)
-        ]
-        self._names = {p: n for n, p in self.model.named_parameters() if p.requires_grad}
-        self.optimizer = torch.optim.AdamW(
-            list(self._names),
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        # the agent's own weights: a whole model, or an adapter on a shared base
+        self.policy: PolicyWeights = make_weights(model_path, config, device)
+        self.optimizer = self._optimizer()
         self.version = 0
         self.skipped_steps = 0
         self._released = False
         self._pending: Accum | None = None
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.config
+        return torch.optim.AdamW(
+            list(self.policy.trainable), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
+    @property
+    def model(self) -> nn.Module:
+        """The HF causal LM the forward passes run through (under LoRA: the shared base with
+        this agent's adapter inside; `policy.active()` makes it the one in use)."""
+        return self.policy.module
+
+    @property
+    def _names(self) -> dict[nn.Parameter, str]:
+        return self.policy.trainable
 
     # ---- one step -------------------------------------------------------------------------
     def begin_step(
@@ -191,38 +192,41 @@ class AgentTrainer:
             self._record_part(acc, part, 0, 0)  # raises: already accumulated
         mb = mb.to(self.device)
         cfg = self.config
-        logp = token_logprobs(  # (b,T), 0 off the response
-            self.model,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.response_mask,
-            temperature=cfg.temperature,
-        )
         ref = mb.ref_logprobs
         if cfg.kl_coef and ref is None:
             ref = self.reference_logprobs(mb)
-        old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
-        loss_tok, metrics = policy_loss(
-            cfg.policy_loss,
-            logp,
-            old,
-            mb.advantages,
-            mb.response_mask,
-            clip_eps=cfg.clip_eps,
-            clip_eps_high=cfg.clip_eps_high,
-            dual_clip=cfg.dual_clip,
-            ref_logprobs=ref,
-            kl_coef=cfg.kl_coef,
-            is_weights=is_weights,
-        )
-        loss = aggregate(
-            loss_tok,
-            mb.response_mask,
-            cfg.aggregation,
-            global_tokens=acc.global_tokens or 1,  # streaming: sums now, normalised at step()
-            global_seqs=acc.global_seqs or 1,
-        )
-        loss.backward()
+        # the whole forward + backward under the agent's policy: the lm_head chunks are
+        # recomputed during backward (activation checkpointing), with the same adapter on
+        with self.policy.active(dropout=True):
+            logp = token_logprobs(  # (b,T), 0 off the response
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                temperature=cfg.temperature,
+            )
+            old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
+            loss_tok, metrics = policy_loss(
+                cfg.policy_loss,
+                logp,
+                old,
+                mb.advantages,
+                mb.response_mask,
+                clip_eps=cfg.clip_eps,
+                clip_eps_high=cfg.clip_eps_high,
+                dual_clip=cfg.dual_clip,
+                ref_logprobs=ref,
+                kl_coef=cfg.kl_coef,
+                is_weights=is_weights,
+            )
+            loss = aggregate(
+                loss_tok,
+                mb.response_mask,
+                cfg.aggregation,
+                global_tokens=acc.global_tokens or 1,  # streaming: sums now, normalised at step()
+                global_seqs=acc.global_seqs or 1,
+            )
+            loss.backward()
         value = float(loss.detach())
         acc.loss += value
         acc.finite &= math.isfinite(value)
@@ -237,14 +241,18 @@ class AgentTrainer:
 
     @torch.no_grad()
     def reference_logprobs(self, mb: TrainMicroBatch) -> torch.Tensor:
-        """log π_ref of the response tokens under the agent's initial weights. (b,T)."""
-        ref_model = reference_model(self.model_path, self.config.dtype, str(self.device))
-        return token_logprobs(
-            ref_model,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.response_mask,
-            temperature=self.config.temperature,
+        """log π_ref of the response tokens under the agent's initial policy. (b,T).
+
+        Full weights: a frozen copy of the initial model, shared per (model, dtype, device).
+        LoRA: the shared base with the adapters off (B = 0 at init: the same policy)."""
+        return self.policy.reference(
+            lambda module: token_logprobs(
+                module,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_mask,
+                temperature=self.config.temperature,
+            )
         )
 
     def step(self, expect: dict[int, tuple[int, int]] | None = None) -> StepResult:
@@ -310,29 +318,20 @@ class AgentTrainer:
 
     # ---- state ----------------------------------------------------------------------------
     def weights(self) -> dict[str, Tensor]:
-        """What rollout hosts load: HF parameter names → detached tensors (no copy), exactly
-        the names a fresh checkpoint of the family holds (no tied alias).
-
-        Under LoRA only the adapter, with PEFT's saved names (`base_model.model.…lora_A.weight`).
-        """
+        """What rollout hosts load, detached, no copy: HF checkpoint names (no tied alias) for
+        a full model; under LoRA the adapter only, with PEFT's saved names
+        (`base_model.model.….lora_A.weight`) — what `adapter_model.safetensors` holds."""
         self._require_loaded()
-        sd = self.model.state_dict()
-        if self.config.lora is not None:
-            return {PEFT_PREFIX + k: sd[k].detach() for k in self._state_keys}
-        return {k: sd[k].detach() for k in self._state_keys}
+        return self.policy.tensors()
 
-    def merged_weights(self) -> dict[str, Tensor]:
-        """Full HF-named weights; under LoRA with the adapter folded into the base."""
-        self._require_loaded()
-        if self.config.lora is not None:
-            return merged_weights(self.model, self.config.lora)
-        return self.weights()
+    def describe(self) -> dict[str, Any]:
+        """JSON-able facts published with the weights (`{"lora": adapter_config}` or {})."""
+        return self.policy.describe()
 
     def state(self) -> dict[str, Tensor]:
-        """Model + optimizer + RNG as one flat named tensor dict (no copies of the weights)."""
+        """Own weights + optimizer + RNG as one flat named tensor dict (no copies)."""
         self._require_loaded()
-        sd = self.model.state_dict()
-        out = {f"model/{k}": sd[k].detach() for k in self._state_keys}
+        out = {f"model/{k}": v for k, v in self.policy.tensors().items()}
         for p, name in self._names.items():
             for k, v in self.optimizer.state.get(p, {}).items():
                 out[f"optim/{name}/{k}"] = v.detach() if isinstance(v, Tensor) else torch.tensor(v)
@@ -367,24 +366,18 @@ class AgentTrainer:
 
         `device` rebinds the trainer to another device (a different slot) on the way in.
         """
-        if device is not None:
-            self.device = torch.device(device)
         if meta.get("format") != STATE_FORMAT:
             raise ValueError(f"state format {meta.get('format')!r}, expected {STATE_FORMAT}")
         model_keys = {k[len("model/") :] for k in tensors if k.startswith("model/")}
-        expected = set(self._state_keys)
+        expected = set(self.policy.names())
         if model_keys != expected:
             missing, extra = sorted(expected - model_keys), sorted(model_keys - expected)
             raise ValueError(
                 f"{self.agent}: state keys differ: missing {missing[:5]}, extra {extra[:5]}"
             )
-        by_name = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        with torch.no_grad():
-            for k in model_keys:
-                by_name[k].data = tensors[f"model/{k}"].to(self.device)
-            for name, buf in self.model.named_buffers():  # non-persistent: follow the device
-                if name not in model_keys:
-                    buf.data = buf.data.to(self.device)
+        if device is not None and self.policy.to_device(device):
+            self.optimizer = self._optimizer()  # new Parameter objects (another base)
+        self.policy.assign({k: tensors[f"model/{k}"] for k in model_keys})
         self.optimizer.state.clear()
         for p, name in self._names.items():
             st = {
@@ -410,19 +403,16 @@ class AgentTrainer:
         self._released = False
 
     def release(self) -> None:
-        """Drop the state's tensors (weights, grads, optimizer state); modules remain.
-
-        Non-persistent buffers (e.g. rotary `inv_freq`) are not part of `state()` and are
-        derived from the config, so they stay (they are tiny).
-        """
-        by_name = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        with torch.no_grad():
-            for k in self._state_keys:
-                t = by_name[k]
-                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-                t.grad = None
+        """Drop the state's tensors (own weights, grads, optimizer state); modules remain."""
+        self.policy.release()
         self.optimizer.state.clear()
         self._pending = None
+        self._released = True
+
+    def close(self) -> None:
+        """Give back what the trainer shares (a LoRA adapter's place on its base); the
+        trainer is unusable afterwards. The slot manager calls it when it forgets an agent."""
+        self.policy.close()
         self._released = True
 
     @property
@@ -432,5 +422,3 @@ class AgentTrainer:
     def _require_loaded(self) -> None:
         if self._released:
             raise RuntimeError(f"{self.agent}: trainer state is released; load_state() first")
-
-

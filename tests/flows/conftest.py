@@ -4,7 +4,12 @@ own run directory and store)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +48,29 @@ def write_config(tmp: Path, model: str, workload: str = "math-chain", **run: Any
     path = tmp / f"{workload}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def kill_cli_train_when(
+    predicate: Callable[[], bool], cfg: Path, run_dir: Path, api: str, log: Path, what: str
+) -> None:
+    """Run `flexmarl train CFG --run-dir RUN_DIR` as its own process group and SIGKILL all
+    of it (the CLI, its cluster, its workers) once `predicate()` holds; fails after 300 s
+    with the run's log tail."""
+    env = {**os.environ, "PREFECT_API_URL": api}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        end = time.time() + 300
+        while not predicate():
+            if time.time() > end:
+                raise AssertionError(f"timed out waiting for {what}\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -61,3 +61,68 @@ def test_train_rejects_bad_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[s
         err = capsys.readouterr().err
         assert f"{flag}: Input should be greater than or equal to 1 (got 0)" in err, err
         assert "Traceback" not in err
+
+
+def _lora_fanout(tmp_path: Path, model: str, **lora_of: object) -> Path:
+    import yaml
+
+    from workloads import BUILTIN
+
+    data = yaml.safe_load(BUILTIN["fanout"].read_text())
+    for name, agent in data["agents"].items():
+        agent["model"] = model
+        if name in lora_of:
+            agent["lora"] = lora_of[name]
+    cfg = tmp_path / "fanout.yaml"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))  # the spec order: unit names
+    return cfg
+
+
+def test_meg_show_reports_the_weights_each_worker_holds(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    lora = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    cfg = _lora_fanout(tmp_path, tiny_model, planner=lora, short=lora, medium=lora, long=lora)
+    assert main(["meg", "show", str(cfg)]) == 0
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("│ rollout-0") or line.startswith("│ train-0")
+    }
+    # what the report must say, counted here independently: W the model, a one adapter
+    w = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model).parameters())
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=8, target_modules=["q_proj", "v_proj"]),
+    )
+    a = model.get_nb_trainable_parameters()[0]
+    want = {  # 4 adapters on one base + the aggregator's own copy; training holds 4×
+        "rollout-0": (5 * w, w + 4 * a + w),
+        "train-0": (4 * 5 * w, w + 4 * 4 * a + 4 * w),
+    }
+    for worker, (unshared, shared) in want.items():
+        units, without, with_, ratio = rows[worker][:4]
+        assert units == "planner+short+medium+long, aggregator"
+        assert (without, with_) == (f"{unshared / 1e6:,.2f}M", f"{shared / 1e6:,.2f}M")
+        assert float(ratio) == pytest.approx(shared / unshared, abs=1e-3)
+
+
+def test_lora_mistakes_are_found_before_anything_starts(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workloads.tiny_model import build_tiny_model
+
+    cfg = _lora_fanout(tmp_path, tiny_model, planner={"target_modules": ["c_attn"]})
+    assert main(["meg", "validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "agents.planner.lora.target_modules" in err and "c_attn" in err
+    assert "Traceback" not in err
+    gpt2 = build_tiny_model(tmp_path / "gpt2", family="gpt2")
+    cfg = _lora_fanout(tmp_path, str(gpt2), planner=True)  # backend: vllm by default
+    assert main(["train", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "agents.planner.backend" in err and "backend: hf" in err
+    assert not (tmp_path / "r").exists()

@@ -100,3 +100,38 @@ def test_run_without_exports_or_checkpoints_and_bad_limit_are_user_errors(
         evaluate(EvalParams(config=str(cfg), checkpoint=str(run_dir)))
     assert main(["evaluate", str(cfg), "--base", "--limit", "0"]) == 2
     assert "--limit: Input should be greater than or equal to 1" in capsys.readouterr().err
+
+
+def test_a_lora_run_is_evaluated_with_its_adapters_merged(tmp_path: Path, tiny_model: str) -> None:
+    """final/solver is an adapter export, the verifier has only an adapter checkpoint:
+    both are merged into the base for evaluation, and an untrained adapter (B = 0) gives
+    exactly the base model's greedy results."""
+    import yaml
+
+    from engines.training.checkpoint import checkpoint_dir, export_hf, save_checkpoint
+    from engines.training.lora import LoraConfig
+    from engines.training.trainer import AgentTrainer, TrainConfig
+
+    cfg = write_config(tmp_path, tiny_model)
+    data = yaml.safe_load(cfg.read_text())
+    for agent in data["agents"].values():
+        agent["lora"] = True
+    cfg.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    spec = load_meg(cfg, known_rewards=known_rewards())
+    ctx = RunContext("math-chain-lora", default_store(run_dir), spec)
+    Run(run_dir, ctx, 1, 4, 1, 1, True).save()
+    lora = TrainConfig(lora=LoraConfig())
+    solver, verifier = (AgentTrainer(a, tiny_model, lora) for a in ("solver", "verifier"))
+    try:
+        export_hf(solver, run_dir / "final" / "solver")
+        save_checkpoint(verifier, checkpoint_dir(ctx.checkpoint_root("verifier"), 1))
+    finally:
+        solver.close()
+        verifier.close()
+    by_run = evaluate(EvalParams(config=str(cfg), checkpoint=str(run_dir), limit=6))
+    check_result(by_run, 6)
+    assert by_run["models"] == {"solver": "final/solver (adapter, merged)", "verifier": "v000001"}
+    base = evaluate(EvalParams(config=str(cfg), base=True, limit=6))
+    for key in ("examples", "node_reward", "agent_reward", "team_reward"):
+        assert by_run[key] == base[key], key

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +19,7 @@ from flows.cluster import ClusterConfig, dask_cluster
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.store import MEGStore
-from tests.flows.conftest import write_config
+from tests.flows.conftest import kill_cli_train_when, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -65,34 +63,18 @@ def test_sigkill_then_resume_finishes_without_duplicates(
 ) -> None:
     cfg = write_config(tmp_path, tiny_model, steps=4, episodes_per_step=4, micro_batches=2)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PREFECT_API_URL": prefect_server}
-    with (tmp_path / "run.log").open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
-            env=env,
-            start_new_session=True,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
 
-        def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
-            tables = _table_dirs(run_dir)
-            return (
-                bool(tables)
-                and (tables[0] / "consumed" / "1.json").exists()
-                and any((tables[0] / "commits").glob("k000002-*"))
-            )
-
-        _wait_for(
-            mid_step,
-            300,
-            "the run to reach step 2",
-            lambda: (tmp_path / "run.log").read_text()[-3000:],
+    def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
+        tables = _table_dirs(run_dir)
+        return (
+            bool(tables)
+            and (tables[0] / "consumed" / "1.json").exists()
+            and any((tables[0] / "commits").glob("k000002-*"))
         )
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the CLI, its cluster, its workers
-        proc.wait()
+
+    kill_cli_train_when(
+        mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "the run to reach step 2"
+    )
     assert not (run_dir / "summary.json").exists()
 
     out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig(), export_final=False))

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import yaml
 
 from flows.cluster import Workers
 from flows.pipeline import Pipeline, PipelineConfig, StepLog, need_order, task_priority
-from meg import load_meg, topological_order
+from meg import build_spec, load_meg, topological_order, validate
 from tasks.context import RunContext
 from workloads import BUILTIN
 from workloads.rewards import known_rewards
@@ -130,3 +131,35 @@ def test_step_log_hands_over_results_or_the_failure() -> None:
     failed.fail(ValueError("worker died"))
     with pytest.raises(RuntimeError, match="step 4 failed: worker died"):
         failed.wait()
+
+
+def test_agents_sharing_a_base_are_placed_together() -> None:
+    """LoRA agents on one model are one weight unit: the balancer splits hosts among units
+    and a unit trains on one worker, so the shared base is resident once per worker."""
+    data = yaml.safe_load(BUILTIN["fanout"].read_text())
+    for agent in ("planner", "short", "medium", "long"):
+        data["agents"][agent]["lora"] = True
+    spec = validate(build_spec(data), known_rewards=known_rewards(), check_models=False)
+    ctx = RunContext("r", "memory://x", spec, mode="flex")
+    pins = {w: {"resources": {w: 1}} for w in ("R0", "R1", "T0", "T1")}
+    workers = Workers("tcp://s", ("R0", "R1"), ("T0", "T1"), pins)
+    rec = Recorder()
+    pipe = Pipeline(ctx, workers, rec, PipelineConfig(1, 4, 2), {})
+    pipe.submit_rollout(0)
+    pipe.submit_training(0)
+    shared = "planner+short+medium+long"
+    assert pipe.unit == {a: shared for a in ("planner", "short", "medium", "long")} | {
+        "aggregator": "aggregator"
+    }
+    assert set(pipe.balancer.assignment) == {shared, "aggregator"}  # 2 units, not 5 agents
+    trains = {t.kwargs["agent"]: t.worker for t in rec.tasks if t.kind in ("train", "step")}
+    assert len({trains[a] for a in ("planner", "short", "medium", "long")}) == 1
+    assert trains["aggregator"] != trains["planner"]  # units round-robin over the workers
+
+    def workers_of(unit: str) -> set[str]:
+        return {h.rsplit("#", 1)[0] for h in pipe.balancer.assignment[unit]}
+
+    gens = [t for t in rec.tasks if t.kind == "generate"]
+    for t in gens:  # every generate runs on a worker that hosts its agent's unit
+        assert t.worker in workers_of(pipe.unit[spec.nodes[t.kwargs["node"]].agent]), t.kwargs
+    assert {t.worker for t in gens if t.kwargs["node"] != "aggregate"} <= workers_of(shared)

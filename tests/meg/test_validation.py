@@ -151,7 +151,9 @@ LOSSES = {"advantage": ["grpo", "rloo"], "policy_loss": ["grpo"], "old_logprobs"
     [
         ({"loss": {"advantage": "grpoo"}}, "agents.a.loss.advantage", "known: grpo, rloo"),
         ({"loss": {"old_logprobs": "x"}}, "agents.a.loss.old_logprobs", "known: recompute"),
-        ({"lora": True}, "agents.a.lora", "not supported yet"),
+        ({"lora": {"r": 0}}, "agents.a.lora.r", "greater than or equal to 1"),
+        ({"lora": {"rank": 8}}, "agents.a.lora.rank", "Extra inputs are not permitted"),
+        ({"lora": {"target_modules": "all"}}, "agents.a.lora.target_modules", "all-linear"),
         ({"placement": {"train_slot": "cuda:1"}}, "agents.a.placement", "not supported yet"),
         ({"loss": {"clip_eps_high": 1.5}}, "agents.a.loss", "below 1"),
         ({"loss": {"dual_clip": 1.0}}, "agents.a.loss.dual_clip", "greater than 1"),
@@ -194,3 +196,18 @@ def test_train_config_takes_every_spec_field() -> None:
         spec_value = getattr(agent.optim if name in OptimSpec.model_fields else agent.loss, name)
         assert getattr(cfg, name) == (tuple(spec_value) if name == "betas" else spec_value), name
     assert (cfg.temperature, cfg.dtype, cfg.seed) == (0.7, "bfloat16", 7)
+
+
+def test_lora_spec_reaches_the_trainer_field_by_field() -> None:
+    from engines.training.lora import LoraConfig
+    from engines.training.trainer import TrainConfig
+    from meg.spec import AgentSpec, LoraSpec
+
+    lora = {"r": 4, "alpha": 8.0, "dropout": 0.1, "target_modules": ["q_proj"]}
+    cfg = TrainConfig.from_agent(AgentSpec(model="m", lora=lora))
+    assert cfg.lora == LoraConfig(r=4, alpha=8.0, dropout=0.1, target_modules=("q_proj",))
+    assert set(LoraSpec.model_fields) == {"r", "alpha", "dropout", "target_modules"}
+    default = TrainConfig.from_agent(AgentSpec(model="m", lora=True)).lora
+    assert default == LoraConfig(r=8, alpha=16.0, dropout=0.0, target_modules=None)
+    assert TrainConfig.from_agent(AgentSpec(model="m", lora=False)).lora is None
+    assert TrainConfig.from_agent(AgentSpec(model="m")).lora is None

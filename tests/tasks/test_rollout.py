@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -19,17 +20,22 @@ AGENT = "solver"
 
 @dataclass
 class FakeHost:
-    """Only what `ensure_weights` touches (`version`, `ensure_version`), with a real host's
-    rule: load through the loader only when holding an older version. These tests are about
-    which version is asked for, not about loading weights into an inference engine."""
+    """Only what `ensure_weights` touches (`held`, `load`), with a real host's rule: load
+    through the loader only when holding another version. These tests are about which
+    version is asked for, not about loading weights into an inference engine."""
 
     version: int = 0
     loaded: list[tuple[int, float]] = field(default_factory=list)  # (version, weight value)
 
-    def ensure_version(self, version: int, loader: Callable[[], dict[str, torch.Tensor]]) -> bool:
+    def held(self, agent: str) -> int:
+        return self.version
+
+    def load(self, agent: str, version: int, loader: Callable[[], Any]) -> bool:
         if self.version >= version:
             return False
-        self.loaded.append((version, float(loader()["w"][0])))
+        tensors, meta = loader()
+        assert meta["agent"] == agent and meta["version"] == version
+        self.loaded.append((version, float(tensors["w"][0])))
         self.version = version
         return True
 
