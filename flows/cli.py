@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from meg.errors import MEGError
+from meg.registry import Registry
 
 USER_ERRORS: tuple[type[BaseException], ...] = (MEGError, FileNotFoundError)
 
@@ -25,14 +26,14 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
-_COMMANDS: list[Command] = []
+COMMANDS: Registry[Command] = Registry("command")
 
 
 def command(
     name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]
 ) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     def deco(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        _COMMANDS.append(Command(tuple(name.split()), help, configure, fn))
+        COMMANDS.add(name, Command(tuple(name.split()), help, configure, fn))
         return fn
 
     return deco
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
-    for cmd in _COMMANDS:
+    for cmd in (COMMANDS.get(n) for n in COMMANDS):
         target = subs
         if len(cmd.name) == 2:
             group = cmd.name[0]

@@ -29,13 +29,20 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    scheduler: str | None = Field(None, description="tcp://HOST:PORT of an existing Dask scheduler")
-    rollout_workers: int = Field(1, ge=1)
-    train_workers: int = Field(1, ge=1)
+    scheduler: str | None = Field(
+        None, description="tcp://HOST:PORT of an existing Dask scheduler to join"
+    )
+    rollout_workers: int = Field(1, ge=1, description="rollout workers of a local cluster")
+    train_workers: int = Field(1, ge=1, description="training workers of a local cluster")
     colocate: bool = Field(False, description="every worker does both rollout and training")
-    cluster_class: str = "distributed.LocalCluster"
+    cluster_class: str = Field(
+        "distributed.LocalCluster",
+        description="cluster class by dotted name (dask_cuda.LocalCUDACluster on GPU nodes)",
+    )
     train_slots: int = Field(2, ge=1, description="training slots per training worker")
-    memory_limit: str = "auto"
+    memory_limit: str = Field(
+        "auto", description="per-worker memory limit of a local cluster (auto: RAM / workers)"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,28 @@ def meg_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", type=Path, help="directory to create; its last part names the workload")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model of both agents (a directory or hf://ORG/NAME); default: a seeded tiny "
+        "model built into NAME/model",
+    )
+
+
+@command("init", "Write a starter workload (MEG, rewards module, JSONL data).", _init_args)
+def init_cmd(args: argparse.Namespace) -> int:
+    from workloads.scaffold import scaffold
+
+    try:
+        meg = scaffold(args.name, model=args.model)
+    except (ValueError, FileExistsError) as e:
+        raise RunError(str(e)) from None
+    print(f"starter workload written: {meg}\n  flexmarl meg show {meg}\n  flexmarl train {meg}")
+    return 0
+
+
 def _tiny_args(p: argparse.ArgumentParser) -> None:
     from workloads.families import family_names
 
@@ -145,103 +167,18 @@ def tiny_model(args: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "config",
-        nargs="?",
-        default=None,
-        help="MEG YAML file or built-in workload (math-chain, debate, fanout)",
-    )
-    p.add_argument("--mode", choices=["sync", "flex", "async"], default=None)
-    p.add_argument(
-        "--staleness",
-        type=int,
-        default=None,
-        metavar="η",
-        help="async mode: rows may come from versions >= k - η",
-    )
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--episodes-per-step", type=int, default=None)
-    p.add_argument("--micro-batches", type=int, default=None)
-    p.add_argument("--window", type=int, default=None, help="steps in flight (default 2)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--checkpoint-every", type=int, default=None, metavar="N", help="default: every step"
-    )
-    p.add_argument(
-        "--keep-checkpoints",
-        type=int,
-        default=None,
-        metavar="N",
-        help="newest checkpoints kept per agent (default 2)",
-    )
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--store", default=None, help="fsspec URL of the MEG Store")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR")
-    p.add_argument("--summary-json", default=None, metavar="PATH")
-    p.add_argument(
-        "--export",
-        choices=["adapter", "merged"],
-        default="adapter",
-        help="final/<agent>/ of a LoRA agent: its PEFT adapter (default), or the HF model "
-        "with the adapter merged in (the adapter then in final/<agent>/adapter)",
-    )
-    p.add_argument("--no-balance", action="store_true", help="static equal rollout placement")
-    p.add_argument(
-        "--executor",
-        choices=["hybrid", "prefect", "dask"],
-        default="hybrid",
-        help="hybrid (default): plain Dask futures per node, one Prefect task run per step; "
-        "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
-    )
-    p.add_argument("--rollout-workers", type=int, default=1)
-    p.add_argument("--train-workers", type=int, default=1)
-    p.add_argument("--train-slots", type=int, default=2, help="training slots per train worker")
-    p.add_argument("--colocate", action="store_true", help="every worker rolls out and trains")
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="tcp://HOST:PORT",
-        help="join an existing Dask cluster instead of starting a local one",
-    )
-    p.add_argument(
-        "--cluster-class",
-        default="distributed.LocalCluster",
-        help="e.g. dask_cuda.LocalCUDACluster on GPU nodes",
-    )
+    from flows.params_cli import add_model_args
+    from flows.train import TrainParams
+
+    add_model_args(p, TrainParams, positional=("config",))
 
 
 def train_params(args: argparse.Namespace) -> Any:
     """The validated `TrainParams` of `flexmarl train ...` (raises pydantic's error)."""
-    from flows.cluster import ClusterConfig
+    from flows.params_cli import model_from_args
     from flows.train import TrainParams
 
-    return TrainParams(
-        config=args.config or "math-chain",
-        mode=args.mode,
-        staleness=args.staleness,
-        steps=args.steps,
-        episodes_per_step=args.episodes_per_step,
-        micro_batches=args.micro_batches,
-        window=args.window,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        run_dir=args.run_dir,
-        store=args.store,
-        resume=args.resume,
-        balance=not args.no_balance,
-        executor=args.executor,
-        summary_json=args.summary_json,
-        export=args.export,
-        cluster=ClusterConfig(
-            scheduler=args.scheduler,
-            rollout_workers=args.rollout_workers,
-            train_workers=args.train_workers,
-            colocate=args.colocate,
-            cluster_class=args.cluster_class,
-            train_slots=args.train_slots,
-        ),
-    )
+    return model_from_args(TrainParams, args)
 
 
 @command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
@@ -251,7 +188,7 @@ def train_cmd(args: argparse.Namespace) -> int:
     from flows.cluster import prefect_api
     from flows.train import check, train
 
-    if args.config is None and args.resume is None:
+    if "config" not in vars(args) and "resume" not in vars(args):
         raise RunError("give a CONFIG (or --resume RUN_DIR)")
     try:
         params = train_params(args)
@@ -335,19 +272,10 @@ def ui_cmd(args: argparse.Namespace) -> int:
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
-    _config_arg(p)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--checkpoint",
-        metavar="RUN_DIR",
-        help="run directory of `flexmarl train` (its final/<agent>/ exports or newest "
-        "checkpoints), or one HF model directory used for every agent",
-    )
-    src.add_argument("--base", action="store_true", help="the config's initial models (baseline)")
-    p.add_argument("--split", choices=["eval", "train"], default="eval")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="first N tasks only")
-    p.add_argument("--batch-size", type=int, default=64, help="prompts per generate call")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the result as JSON")
+    from flows.evaluate import EvalParams
+    from flows.params_cli import add_model_args
+
+    add_model_args(p, EvalParams, positional=("config",))
 
 
 @command(
@@ -362,23 +290,18 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     from flows.cluster import prefect_api
     from flows.eval_models import check_checkpoint
     from flows.evaluate import EvalParams, evaluate_flow, table
+    from flows.params_cli import model_from_args
 
+    if "config" not in vars(args):
+        raise RunError("give a CONFIG: a MEG YAML file or a built-in workload")
     try:
-        params = EvalParams(
-            config=args.config,
-            checkpoint=args.checkpoint,
-            base=args.base,
-            split=args.split,
-            limit=args.limit,
-            batch_size=args.batch_size,
-            json_path=args.json,
-        )
+        params = model_from_args(EvalParams, args)
     except ValidationError as e:
         raise option_error(e) from None
     check_checkpoint(params.base, params.checkpoint)  # fails before any server starts
     with prefect_api():
         out = evaluate_flow(params)
     Console().print(table(out))
-    if args.json:
-        print(f"result written to {args.json}")
+    if params.json_path:
+        print(f"result written to {params.json_path}")
     return 0

@@ -14,24 +14,83 @@ from pathlib import Path
 
 from engines.training import loss_names
 from meg import MEGError, MEGSpec, is_hub_name, load_meg, validate
-from workloads import resolve_config
-from workloads.rewards import known_rewards
+from workloads import plugins, resolve_config
+from workloads.datasets import GENERATORS
+from workloads.rewards import check_binding, known_rewards
+
+
+def with_plugins(spec: MEGSpec, path: Path) -> MEGSpec:
+    """Resolve what the MEG names relative to its own file and import its plug-ins (the
+    registries then know their rewards and generators): `plugins:`, and a relative `model`,
+    `tokenizer` or dataset `url` that exists next to the MEG (otherwise it stays relative
+    to the current directory, as the built-in workloads' `models/tiny-math` is)."""
+    try:
+        spec = plugins.resolve(spec, path.parent)
+        plugins.import_all(spec.plugins)
+    except plugins.PluginError as e:
+        raise MEGError(str(e), source=str(path), field="plugins") from None
+    return next_to(spec, path.parent)
+
+
+def _beside(value: str | None, base: Path) -> str | None:
+    if value is None or "://" in value or Path(value).is_absolute():
+        return value
+    candidate = base / value
+    return str(candidate.resolve()) if candidate.exists() else value
+
+
+def next_to(spec: MEGSpec, base: Path) -> MEGSpec:
+    """`spec` with relative paths that exist under `base` made absolute."""
+    agents = {
+        name: a.model_copy(
+            update={"model": _beside(a.model, base), "tokenizer": _beside(a.tokenizer, base)}
+        )
+        for name, a in spec.agents.items()
+    }
+    dataset = spec.dataset.model_copy(update={"url": _beside(spec.dataset.url, base)})
+    return spec.model_copy(update={"agents": agents, "dataset": dataset})
 
 
 def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
     """A built-in workload name or a YAML path → the validated spec."""
     path = resolve_config(name)
     spec = load_meg(
-        path, known_rewards=known_rewards(), known_losses=loss_names(), check_models=check_models
+        path,
+        known_rewards=known_rewards(),
+        known_losses=loss_names(),
+        check_models=check_models,
+        prepare=with_plugins,
     )
+    check_workload(spec, str(path))
     if check_models:
         check_lora(spec, str(path))
     return spec
 
 
 def validate_spec(spec: MEGSpec, source: str) -> MEGSpec:
-    """Re-validate a spec read back from a run record (its models are checked at train)."""
-    return validate(spec, source=source, known_rewards=known_rewards(), known_losses=loss_names())
+    """Re-validate a spec read back from a run record (its models are checked at train);
+    its plug-ins are already in canonical form (absolute paths or module names)."""
+    try:
+        plugins.import_all(spec.plugins)
+    except plugins.PluginError as e:
+        raise MEGError(str(e), source=source, field="plugins") from None
+    spec = validate(spec, source=source, known_rewards=known_rewards(), known_losses=loss_names())
+    check_workload(spec, source)
+    return spec
+
+
+def check_workload(spec: MEGSpec, source: str) -> None:
+    """Reward bindings callable with their params; the dataset generator known."""
+    for node, binding in spec.rewards.items():
+        try:
+            check_binding(binding.fn, binding.params)
+        except TypeError as e:
+            raise MEGError(str(e), source=source, field=f"rewards.{node}.params") from None
+    if spec.dataset.generator is not None:
+        try:
+            GENERATORS.get(spec.dataset.generator)
+        except KeyError as e:
+            raise MEGError(str(e), source=source, field="dataset.generator") from None
 
 
 def check_lora(spec: MEGSpec, source: str) -> None:

@@ -48,15 +48,21 @@ class EvalParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    config: str = Field("math-chain", description="MEG YAML path or built-in workload name")
+    config: str = Field(
+        "math-chain", description="MEG YAML file or built-in workload (math-chain, debate, fanout)"
+    )
     checkpoint: str | None = Field(
-        None, description="run directory of `flexmarl train`, or a HF model directory"
+        None,
+        description="run directory of `flexmarl train` (its final/<agent>/ exports or newest "
+        "checkpoints), or one HF model directory used for every agent",
     )
     base: bool = Field(False, description="evaluate the config's initial models instead")
-    split: Literal["eval", "train"] = "eval"
+    split: Literal["eval", "train"] = Field("eval", description="which split to evaluate on")
     limit: int | None = Field(None, ge=1, description="first N tasks of the split")
     batch_size: int = Field(64, ge=1, description="prompts per generate call")
-    json_path: str | None = Field(None, description="also write the result as JSON here")
+    json_path: str | None = Field(
+        None, description="also write the result as JSON here", json_schema_extra={"cli": "--json"}
+    )
 
 
 def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, ...]:

@@ -32,6 +32,7 @@ from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
 from tasks.scoring import scoring_plan
+from workloads import plugins
 
 
 class TrainParams(BaseModel):
@@ -39,31 +40,42 @@ class TrainParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    config: str = Field("math-chain", description="MEG YAML path or built-in workload name")
-    mode: Literal["sync", "flex", "async"] | None = None
-    staleness: int | None = Field(None, ge=0, description="η for async mode")
-    steps: int | None = Field(None, ge=1)
-    episodes_per_step: int | None = Field(None, ge=1)
-    micro_batches: int | None = Field(None, ge=1)
-    window: int | None = Field(None, ge=1)
-    seed: int | None = None
-    run_dir: str | None = Field(None, description="default: runs/<workload>-<timestamp>")
+    config: str = Field(
+        "math-chain", description="MEG YAML file or built-in workload (math-chain, debate, fanout)"
+    )
+    mode: Literal["sync", "flex", "async"] | None = Field(
+        None, description="sync (barrier per step), flex (zero staleness), async (η steps)"
+    )
+    staleness: int | None = Field(
+        None, ge=0, description="η of async mode: rows may come from versions >= k - η"
+    )
+    steps: int | None = Field(None, ge=1, description="optimizer steps per agent")
+    episodes_per_step: int | None = Field(None, ge=1, description="episodes of one step")
+    micro_batches: int | None = Field(None, ge=1, description="micro-batches of one step")
+    window: int | None = Field(None, ge=1, description="steps in flight at once (default 2)")
+    seed: int | None = Field(None, description="seed of data order and sampling")
+    run_dir: str | None = Field(None, description="run directory (default runs/<name>-<time>)")
     store: str | None = Field(
-        None, description="fsspec URL of the MEG Store; default <run_dir>/store"
+        None, description="fsspec URL of the MEG Store (default <run_dir>/store)"
     )
     resume: str | None = Field(None, description="run directory of a killed run to continue")
-    balance: bool = True
+    balance: bool = Field(
+        True, description="hierarchical rollout load balancing (else a static equal split)"
+    )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
-        description="hybrid: plain Dask futures per node, one Prefect task run per step "
-        "(default); prefect: a Prefect task run per node and micro-batch; dask: no Prefect "
-        "tasks",
+        description="hybrid: plain Dask futures per node, one Prefect task run per step; "
+        "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
     )
-    checkpoint_every: int | None = Field(None, ge=1)
-    keep_checkpoints: int | None = Field(None, ge=1)
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="optimizer steps between checkpoints (default: every step)"
+    )
+    keep_checkpoints: int | None = Field(
+        None, ge=1, description="newest checkpoints kept per agent (default 2)"
+    )
     cluster: ClusterConfig = ClusterConfig()
-    summary_json: str | None = None
-    export_final: bool = True
+    summary_json: str | None = Field(None, description="also write the summary JSON here")
+    export_final: bool = Field(True, description="export final/<agent>/ at the end")
     export: Literal["adapter", "merged"] = Field(
         "adapter",
         description="final/<agent>/ of a LoRA agent: its PEFT adapter, or the HF model with "
@@ -194,6 +206,16 @@ def pipeline_flow(
     return [results, t0, wall]
 
 
+def ship_plugins(run: Run, workers: Workers) -> None:
+    """The MEG's own modules onto every worker (also workers that join later)."""
+    if not run.ctx.spec.plugins:
+        return
+    from distributed import Client
+
+    with Client(workers.address) as client:
+        plugins.ship(client, run.ctx.run_id, run.ctx.spec.plugins)
+
+
 def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float, float]:
     """Run the pipeline with one of three executors (see `TrainParams.executor`)."""
     if executor == "dask":
@@ -272,5 +294,6 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     run = prepare(params)
     with dask_cluster(params.cluster) as workers:
+        ship_plugins(run, workers)
         results, t0, wall = execute(run, workers, params.executor)
     return finalize(run, results, t0, wall, workers, params)

@@ -12,35 +12,26 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from meg.registry import Registry
+
 if TYPE_CHECKING:
     from meg.expand import SampleInfo
 
 PER_SAMPLE = "per_sample"
 Aggregate = Callable[[Sequence["SampleInfo"]], tuple["SampleInfo", ...]]
-_AGGREGATES: dict[str, Aggregate] = {}
+AGGREGATES: Registry[Aggregate] = Registry("aggregating fan-out rule", reserved=(PER_SAMPLE,))
 
 
 def register_fanout(name: str) -> Callable[[Aggregate], Aggregate]:
-    def deco(fn: Aggregate) -> Aggregate:
-        if name in _AGGREGATES or name == PER_SAMPLE:
-            raise ValueError(f"fan-out rule {name!r} is already registered")
-        _AGGREGATES[name] = fn
-        return fn
-
-    return deco
+    return AGGREGATES.register(name)
 
 
 def known_fanouts() -> tuple[str, ...]:
-    return (PER_SAMPLE, *sorted(_AGGREGATES))
+    return (PER_SAMPLE, *AGGREGATES.names())
 
 
 def aggregate(name: str) -> Aggregate:
-    try:
-        return _AGGREGATES[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown fan-out rule {name!r}; known: {', '.join(known_fanouts())}"
-        ) from None
+    return AGGREGATES.get(name)
 
 
 @register_fanout("all")

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE, known_fanouts
 from meg.graph import children_map, find_cycle
+from meg.registry import Registry
 from meg.spec import NAME, MEGSpec, PlacementSpec
 from meg.template import RESERVED, placeholders
 from meg.unroll import unroll_exchange
@@ -99,7 +100,7 @@ def validate(
     spec: MEGSpec,
     *,
     source: str = "<memory>",
-    known_rewards: Collection[str] | None = None,
+    known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
     check_models: bool = True,
 ) -> MEGSpec:
@@ -156,7 +157,12 @@ def validate(
                 f"reward bound to unknown node {node_name!r}; known nodes: {', '.join(spec.nodes)}",
                 f"rewards.{node_name}",
             )
-        if known_rewards is not None and reward.fn not in known_rewards:
+        if isinstance(known_rewards, Registry):  # resolves `module:attr` names too
+            try:
+                known_rewards.get(reward.fn)
+            except (KeyError, TypeError) as e:
+                raise fail(str(e).strip("'\""), f"rewards.{node_name}.fn") from None
+        elif known_rewards is not None and reward.fn not in known_rewards:
             raise fail(
                 f"unknown reward function {reward.fn!r}; known: {', '.join(sorted(known_rewards))}",
                 f"rewards.{node_name}.fn",
@@ -175,8 +181,9 @@ def validate(
                     continue
                 if not Path(path).expanduser().is_dir():
                     raise fail(
-                        f"model directory {path!r} does not exist (relative paths are resolved "
-                        f"from the current directory {Path.cwd()}). Build a tiny local model "
+                        f"model directory {path!r} does not exist (a relative path is looked "
+                        "up next to the MEG file, then in the current directory "
+                        f"{Path.cwd()}). Build a tiny local model "
                         f"with `flexmarl tiny-model {path}`, or write `hf://ORG/NAME` for a "
                         "Hugging Face hub model",
                         f"agents.{name}.{fld}",
@@ -215,11 +222,13 @@ def check_agents(
 def load_meg(
     path: str | Path,
     *,
-    known_rewards: Collection[str] | None = None,
+    known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
     check_models: bool = True,
+    prepare: Callable[[MEGSpec, Path], MEGSpec] | None = None,
 ) -> MEGSpec:
-    """Read, build and validate a MEG config file."""
+    """Read, build and validate a MEG config file. `prepare(spec, path)` runs between
+    building and validating (the caller imports the MEG's plug-ins there)."""
     p = Path(path)
     source = str(p)
     try:
@@ -229,6 +238,8 @@ def load_meg(
     except OSError as e:
         raise MEGError(f"cannot read: {e.strerror}", source=source) from None
     spec = build_spec(parse_yaml(text, source), source)
+    if prepare is not None:
+        spec = prepare(spec, p)
     return validate(
         spec,
         source=source,

@@ -175,7 +175,7 @@ class NodeSpec(_Frozen):
 class RewardSpec(_Frozen):
     """A registered reward function bound to a node; `params` are passed as keywords."""
 
-    fn: str
+    fn: str = Field(description="A registered reward name, or `module:function` of your own.")
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -199,7 +199,9 @@ class ExchangeSpec(_Frozen):
 class DatasetSpec(_Frozen):
     """Either a registered synthetic `generator` or a JSONL/Parquet file at any fsspec `url`."""
 
-    generator: str | None = None
+    generator: str | None = Field(
+        None, description="A registered generator name, or `module:function` of your own."
+    )
     params: dict[str, Any] = Field(default_factory=dict)
     url: str | None = None
     question_field: str = "question"
@@ -233,6 +235,13 @@ class MEGSpec(_Frozen):
 
     name: str
     description: str = ""
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules of your own to import before validation and on every worker: "
+        "a `.py` file or package directory next to the MEG (`my_rewards`, `my_rewards.py`), "
+        "or an installed module name. Their `@register_reward` / `@register_generator` "
+        "names, or `module:function` names, can then be used in `rewards` and `dataset`.",
+    )
     agents: dict[str, AgentSpec]
     nodes: dict[str, NodeSpec] = Field(default_factory=dict)
     exchanges: dict[str, ExchangeSpec] = Field(default_factory=dict)

@@ -27,6 +27,7 @@ import fsspec
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
+from meg.registry import Registry
 from storage.errors import StoreError
 
 
@@ -49,16 +50,12 @@ class Backend(Protocol):
     def zarr_store(self, path: str, *, read_only: bool) -> Store: ...
 
 
-_BACKENDS: dict[str, Callable[[str, dict[str, Any]], Backend]] = {}
+BACKENDS: Registry[Callable[[str, dict[str, Any]], Backend]] = Registry("store URL scheme")
 
 
 def register_backend(*schemes: str) -> Callable[[Any], Any]:
-    def deco(factory: Any) -> Any:
-        for s in schemes:
-            _BACKENDS[s] = factory
-        return factory
-
-    return deco
+    """Decorator: the backend factory for these URL schemes (`*`: every other scheme)."""
+    return BACKENDS.register(*schemes)
 
 
 def split_scheme(url: str) -> tuple[str, str]:
@@ -71,11 +68,7 @@ def split_scheme(url: str) -> tuple[str, str]:
 
 def open_backend(url: str, storage_options: dict[str, Any] | None = None) -> Backend:
     scheme, _ = split_scheme(url)
-    factory = _BACKENDS.get(scheme) or _BACKENDS.get("*")
-    if factory is None:  # pragma: no cover - "*" is always registered
-        raise StoreError(
-            f"unknown store URL scheme {scheme!r} in {url}; known: {sorted(_BACKENDS)}"
-        )
+    factory = BACKENDS.get(scheme if scheme in BACKENDS else "*")
     return factory(url, dict(storage_options or {}))
 
 

@@ -23,7 +23,7 @@ from meg import MEGSpec, ScoreGroup, score_groups, sinks
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext, Stopwatch, Timing
 from tasks.rollout import Episode
-from tasks.worker import store_of, tokenizer_of
+from tasks.worker import plugins_of, store_of, tokenizer_of
 from workloads.rewards import EpisodeView, SampleView, get_reward, reward_reads
 
 
@@ -118,6 +118,7 @@ def score_micro_batch(
     """Score `group.nodes` of micro-batch (step, mb); their rewards see `group.loads`."""
     spec = ctx.spec
     watch = Stopwatch("score", "-", step, mb)
+    plugins_of(ctx)  # rewards of the user's own modules
     st = store_of(ctx)
     batches = {
         n: st.table(spec.nodes[n].agent).read(step=step, node=n, micro_batch=mb)

@@ -65,6 +65,20 @@ def tokenizer_of(ctx: RunContext, agent: str) -> Any:
     return tokenizer(a.tokenizer or a.model)
 
 
+@functools.lru_cache(maxsize=32)
+def _plugins(entries: tuple[str, ...]) -> None:
+    from workloads.plugins import import_on_worker
+
+    import_on_worker(entries)
+
+
+def plugins_of(ctx: RunContext) -> None:
+    """The run's plug-in modules imported in this process (shipped to the worker by
+    `workloads.plugins.ship`; a no-op where they already are)."""
+    if ctx.spec.plugins:
+        _plugins(tuple(ctx.spec.plugins))
+
+
 @functools.lru_cache(maxsize=8)
 def _splits(spec_json: str) -> Splits:
     from meg.spec import DatasetSpec
@@ -73,6 +87,7 @@ def _splits(spec_json: str) -> Splits:
 
 
 def splits_of(ctx: RunContext) -> Splits:
+    plugins_of(ctx)  # a generator of the user's own
     return _splits(ctx.spec.dataset.model_dump_json())
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import fsspec
 
+from meg.registry import Registry
 from meg.spec import DatasetSpec
 
 
@@ -36,20 +37,18 @@ class Splits:
     eval: tuple[TaskItem, ...]
 
 
-Generator = Callable[[random.Random, int], list[tuple[str, str]]]
-_GENERATORS: dict[str, Callable[..., list[tuple[str, str]]]] = {}
+Generator = Callable[..., list[tuple[str, str]]]  # (rng, size, **params) -> [(q, a)]
+GENERATORS: Registry[Generator] = Registry("dataset generator", importable=True)
 
 
-def register_generator(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _GENERATORS[name] = fn
-        return fn
-
-    return deco
+def register_generator(name: str) -> Callable[[Generator], Generator]:
+    """`@register_generator("name")` on `fn(rng: random.Random, size, **params)` returning
+    `(question, answer)` pairs; `generator: my_module:my_fn` names one of your own."""
+    return GENERATORS.register(name)
 
 
 def known_generators() -> tuple[str, ...]:
-    return tuple(sorted(_GENERATORS))
+    return tuple(GENERATORS.names())
 
 
 @register_generator("arithmetic")
@@ -71,13 +70,13 @@ def arithmetic(
 
 def _generate(spec: DatasetSpec) -> Splits:
     name = spec.generator or ""
-    if name not in _GENERATORS:
-        raise DatasetError(
-            f"unknown dataset generator {name!r}; known: {', '.join(known_generators())}"
-        )
+    try:
+        fn = GENERATORS.get(name)
+    except KeyError as e:
+        raise DatasetError(str(e)) from None
     rng = random.Random(spec.seed)
     try:
-        pairs = _GENERATORS[name](rng, spec.train_size + spec.eval_size, **spec.params)
+        pairs = fn(rng, spec.train_size + spec.eval_size, **spec.params)
     except TypeError as e:
         raise DatasetError(f"bad params for generator {name!r}: {e}") from None
     items = [TaskItem(f"{name}-{i}", q, a) for i, (q, a) in enumerate(pairs)]

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from meg.registry import Registry
+
 __all__ = ["FAMILIES", "Family", "Sizes", "build_config", "family_names", "get_family"]
 
 
@@ -170,30 +172,27 @@ def _gemma(s: Sizes) -> Any:
 
 QWEN_VOCAB = 151936  # embedding rows of the real Qwen2/Qwen3 checkpoints
 
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family("llama", "LlamaForCausalLM", 512, False, _llama),
-        Family("qwen2", "Qwen2ForCausalLM", QWEN_VOCAB, True, _qwen2),
-        Family("qwen3", "Qwen3ForCausalLM", QWEN_VOCAB, True, _qwen3),
-        Family("gpt2", "GPT2LMHeadModel", 512, True, _gpt2),
-        Family("gemma", "GemmaForCausalLM", 512, True, _gemma),
-    )
-}
+FAMILIES: Registry[Family] = Registry("model family")
+for _f in (
+    Family("llama", "LlamaForCausalLM", 512, False, _llama),
+    Family("qwen2", "Qwen2ForCausalLM", QWEN_VOCAB, True, _qwen2),
+    Family("qwen3", "Qwen3ForCausalLM", QWEN_VOCAB, True, _qwen3),
+    Family("gpt2", "GPT2LMHeadModel", 512, True, _gpt2),
+    Family("gemma", "GemmaForCausalLM", 512, True, _gemma),
+):
+    FAMILIES.add(_f.name, _f)
 
 
 def family_names() -> tuple[str, ...]:
-    return tuple(FAMILIES)
+    return tuple(FAMILIES.names())
 
 
 def get_family(name: str) -> Family:
     """The registered family `name`; ValueError naming the known families otherwise."""
     try:
-        return FAMILIES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown model family {name!r}; known families: {', '.join(FAMILIES)}"
-        ) from None
+        return FAMILIES.get(name)
+    except KeyError as e:
+        raise ValueError(str(e)) from None
 
 
 def build_config(family: str, sizes: Sizes) -> Any:

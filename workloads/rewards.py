@@ -17,11 +17,13 @@ sandbox (a subprocess with limits), never in the worker.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meg.registry import META_ATTR, Registry
 from workloads.datasets import TaskItem
 
 _INT = re.compile(r"-?\d+")
@@ -56,28 +58,71 @@ class EpisodeView:
 
 RewardFn = Callable[..., float]
 Reads = Callable[[Mapping[str, Any]], Collection[str]]
-_REWARDS: dict[str, RewardFn] = {}
-_READS: dict[str, Reads | None] = {}
+
+
+def _check_reward(name: str, fn: Any) -> None:
+    """A reward is `fn(sample, episode, task, **params) -> float`: three positional slots."""
+    if not callable(fn):
+        raise TypeError(f"reward function {name!r} is {type(fn).__name__}, not a function")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:  # no signature (a builtin): nothing to check
+        return
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is inspect.Parameter.empty]
+    if not varargs and (len(positional) < 3 or len(required) > 3):
+        raise TypeError(
+            f"reward function {name!r} must take (sample, episode, task, **params); its "
+            f"positional parameters are ({', '.join(p.name for p in positional)})"
+        )
+
+
+REWARDS: Registry[RewardFn] = Registry("reward function", importable=True, check=_check_reward)
 
 
 def register_reward(name: str, *, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
     """Register `fn` as `name`. `reads(params)`: the other nodes it looks at (see module doc);
     None means the whole episode."""
+    return REWARDS.register(name, reads=reads)
+
+
+def reward(*, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
+    """Declare what a reward of your own module reads, for `fn: my_module:my_reward`.
+
+    ```python
+    from workloads.rewards import reward
+
+    @reward(reads=lambda params: (params["final"],))
+    def team_score(sample, episode, task, *, final): ...
+    ```
+    Without it a `module:attribute` reward sees, and waits for, the whole episode."""
 
     def deco(fn: RewardFn) -> RewardFn:
-        if name in _REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REWARDS[name] = fn
-        _READS[name] = reads
+        setattr(fn, META_ATTR, {"reads": reads})
         return fn
 
     return deco
 
 
+def check_binding(name: str, params: Mapping[str, Any]) -> None:
+    """Raise `TypeError` when reward `name` cannot be called with `params`."""
+    fn = REWARDS.get(name)
+    try:
+        inspect.signature(fn).bind(None, None, None, **params)
+    except TypeError as e:
+        raise TypeError(f"reward {name!r} does not take params {sorted(params)}: {e}") from None
+    except ValueError:
+        pass
+
+
 def reward_reads(name: str, params: Mapping[str, Any]) -> frozenset[str] | None:
     """The nodes reward `name` with `params` reads besides the sample's own (None: all)."""
-    get_reward(name)  # unknown names fail here, with the list of known ones
-    reads = _READS[name]
+    reads = REWARDS.meta(name).get("reads")  # unknown names fail here, listing known ones
     if reads is None:
         return None
     try:
@@ -94,17 +139,13 @@ def _nothing(params: Mapping[str, Any]) -> Collection[str]:
     return ()
 
 
-def known_rewards() -> tuple[str, ...]:
-    return tuple(sorted(_REWARDS))
+def known_rewards() -> Registry[RewardFn]:
+    """The reward registry (iterates over the registered names; resolves `module:attr`)."""
+    return REWARDS
 
 
 def get_reward(name: str) -> RewardFn:
-    try:
-        return _REWARDS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown reward function {name!r}; known: {', '.join(known_rewards())}"
-        ) from None
+    return REWARDS.get(name)
 
 
 def extract_answer(text: str) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor
 
 from engines.families import max_positions
+from meg.registry import Registry
 
 FINISH_REASONS = ("stop", "length")
 
@@ -141,30 +142,25 @@ class RolloutBackend(Protocol):
     def max_context(self) -> int: ...
 
 
-_BACKENDS: dict[str, Callable[..., RolloutBackend]] = {}
+BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend")
 
 
 def register_backend(name: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
-        if name in _BACKENDS:
-            raise ValueError(f"rollout backend {name!r} is already registered")
-        _BACKENDS[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: `@register_backend("vllm")`."""
+    return BACKENDS.register(name)
 
 
 def known_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def make_backend(name: str, model_path: str | Path, **opts: Any) -> RolloutBackend:
     """Build a registered backend; an unknown name raises listing the known ones."""
-    if name not in _BACKENDS:
-        raise UnknownBackendError(
-            f"unknown rollout backend {name!r}; known backends: {', '.join(known_backends())}"
-        )
-    return _BACKENDS[name](model_path, **opts)
+    try:
+        cls = BACKENDS.get(name)
+    except KeyError as e:
+        raise UnknownBackendError(str(e)) from None
+    return cls(model_path, **opts)
 
 
 # ---- helpers shared by the backends -------------------------------------------------------

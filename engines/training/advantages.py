@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engines.training.registry import Registry
+from meg.registry import Registry
 
 AdvantageFn = Callable[..., Tensor]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")

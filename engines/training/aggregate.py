@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engines.training.registry import Registry
+from meg.registry import Registry
 
 AggregateFn = Callable[[Tensor, Tensor, float, float], Tensor]
 AGGREGATIONS: Registry[AggregateFn] = Registry("aggregation mode")

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from engines.training.registry import Registry
+from meg.registry import Registry
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")

@@ -82,7 +82,7 @@ def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 def test_family_weight_life_cycle(family: Any, tmp_path: Path) -> None:
     name, path = family
-    spec = FAMILIES[name]
+    spec = FAMILIES.get(name)
     vllm, hf = _backend("vllm", path), _backend("hf", path)
 
     # rollout: token-in/token-out on both backends, logprobs of the sampling distribution

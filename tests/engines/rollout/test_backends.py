@@ -69,7 +69,9 @@ def test_registry_lists_both_backends() -> None:
 
 
 def test_unknown_backend_lists_known(tiny_model_dir: Path) -> None:
-    with pytest.raises(UnknownBackendError, match=r"'sglang'.*known backends: hf, vllm"):
+    with pytest.raises(
+        UnknownBackendError, match=r"unknown rollout backend 'sglang'; known: hf, vllm"
+    ):
         make_backend("sglang", tiny_model_dir)
 
 
