@@ -64,7 +64,27 @@ def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
     check_workload(spec, str(path))
     if check_models:
         check_lora(spec, str(path))
+        check_chat(spec, str(path))
     return spec
+
+
+def check_chat(spec: MEGSpec, source: str) -> None:
+    """Every `chat:` node's tokenizer has a chat template that shows the user message."""
+    from meg.template import chat_frame
+    from tasks.worker import tokenizer
+
+    for name, node in spec.nodes.items():
+        agent = spec.agents[node.agent]
+        if node.chat is None or is_hub_name(agent.tokenizer or agent.model):
+            continue
+        try:
+            chat_frame(tokenizer(agent.tokenizer or agent.model), node.chat.system)
+        except ValueError as e:
+            raise MEGError(
+                f"{e} (tokenizer of agent {node.agent!r})",
+                source=source,
+                field=f"nodes.{name}.chat",
+            ) from None
 
 
 def validate_spec(spec: MEGSpec, source: str) -> MEGSpec:

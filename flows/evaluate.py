@@ -7,7 +7,7 @@ config's own initial models (the before-RL baseline).
 
 How: every MEG node runs in topological order over the split's tasks with ONE greedy
 sample per invocation, planned with `meg.expand.plan_invocations` and prompted with
-`render_ids` as the generate task does, then scored with the bound reward functions as the
+`prompt_ids` as the generate task does, then scored with the bound reward functions as the
 score task does. All in this process: no Dask cluster, no store (a few batched passes).
 """
 
@@ -130,8 +130,8 @@ def _prompt(
     models: dict[str, str],
 ) -> list[int]:
     """Prompt ids of one invocation; parents' tokens spliced as in `tasks.rollout`."""
-    from meg.template import render_ids
-    from tasks.worker import tokenizer
+    from meg.template import prompt_ids
+    from tasks.worker import chat_frame_of, tokenizer
 
     nspec = spec.nodes[node]
     tok_path = _tokenizer_path(spec, nspec.agent, models)
@@ -146,8 +146,9 @@ def _prompt(
         shown[parent] = [
             list(done[s.id].response_ids) if same else encode(done[s.id].text) for s in samples
         ]
-    return render_ids(
+    return prompt_ids(
         nspec.template,
+        chat_frame_of(nspec, tok_path),
         item.question,
         shown,
         encode,

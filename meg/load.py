@@ -80,6 +80,13 @@ def build_spec(data: dict[str, Any], source: str = "<memory>") -> MEGSpec:
                     source=source,
                     field=f"exchanges.{ex_name}.agents",
                 )
+        if ex.chat is not None and ex.chat.user is not None:
+            raise MEGError(
+                "an exchange's user messages are its first_template and reply_template; "
+                "give `chat` only a `system` message",
+                source=source,
+                field=f"exchanges.{ex_name}.chat.user",
+            )
         for name, node in unroll_exchange(ex).items():
             if name in nodes:
                 raise MEGError(
@@ -89,7 +96,20 @@ def build_spec(data: dict[str, Any], source: str = "<memory>") -> MEGSpec:
                     field=f"exchanges.{ex_name}",
                 )
             nodes[name] = node
+    for ex_name, ex in spec.exchanges.items():
+        for up in ex.inputs:
+            if up not in nodes or up in _turns(ex):
+                raise MEGError(
+                    f"unknown input node {up!r} (an exchange follows nodes outside itself); "
+                    f"known nodes: {', '.join(n for n in nodes if n not in _turns(ex))}",
+                    source=source,
+                    field=f"exchanges.{ex_name}.inputs",
+                )
     return spec.model_copy(update={"nodes": nodes, "exchanges": {}})
+
+
+def _turns(ex: Any) -> set[str]:
+    return {f"{a}@{r}" for a in ex.agents for r in range(1, ex.rounds + 1)}
 
 
 def is_hub_name(model: str) -> bool:
@@ -140,6 +160,11 @@ def validate(
                 f"{len(drivers)} inputs are per_sample ({', '.join(drivers)}); at most one input "
                 "can drive the fan-out: make the others all, first or best",
                 f"{where}.inputs",
+            )
+        if node.chat is not None and node.chat.system and placeholders(node.chat.system):
+            raise fail(
+                "the chat system message is fixed text; put placeholders in the user message",
+                f"{where}.chat.system",
             )
         for ph in placeholders(node.template):
             if ph not in RESERVED and ph not in node.inputs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
 
@@ -150,6 +150,19 @@ class AgentSpec(_Frozen):
         return None if v is False else v
 
 
+class ChatSpec(_Frozen):
+    """Render a node's prompt with its tokenizer's chat template (for instruct models).
+
+    `user` is the user message — a template like `template`, with `{question}` and the
+    node's inputs (give it here or as the node's `template`, not both); `system` is a fixed
+    system message. The framing the chat template adds around the user message is encoded
+    as text; the user message is rendered as any template is, parents' responses spliced
+    in as the token ids they sampled (token-in/token-out is kept)."""
+
+    system: str | None = Field(None, description="Fixed system message (no placeholders).")
+    user: str | None = Field(None, description="User message template (else `template`).")
+
+
 class NodeSpec(_Frozen):
     """One invocation of one agent per (episode, fan-out branch), producing `n` samples.
 
@@ -159,10 +172,30 @@ class NodeSpec(_Frozen):
     """
 
     agent: str
-    template: str
+    template: str = Field(
+        description="Prompt template: `{question}` and the inputs' names (with `chat`: the "
+        "user message)."
+    )
     n: int = Field(1, description="Samples per invocation: the GRPO group size.")
     max_tokens: int | None = Field(None, ge=1)
     inputs: dict[str, str] = Field(default_factory=dict)
+    chat: ChatSpec | None = Field(
+        None, description="Wrap the prompt in the tokenizer's chat template."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_is_the_template(cls, data: Any) -> Any:
+        """`chat: {user: ...}` is the node's template; giving both is ambiguous."""
+        if not isinstance(data, dict):
+            return data
+        chat = data.get("chat")
+        user = chat.get("user") if isinstance(chat, dict) else getattr(chat, "user", None)
+        if user is None:
+            return data
+        if "template" in data and data["template"] != user:
+            raise ValueError("give the prompt once: either `template` or `chat.user`")
+        return {**data, "template": user}
 
     @field_validator("n")
     @classmethod
@@ -185,6 +218,12 @@ class ExchangeSpec(_Frozen):
     Round 1 uses `first_template`; round r > 1 uses `reply_template`, where `{self}` is the
     agent's own previous turn (per-sample: each of its samples continues its own thread) and
     `{other}` is the other agents' previous turns (aggregated with `other_fanout`).
+
+    `inputs` lets the exchange follow upstream nodes ("critics debate about a proposal"):
+    both templates may show them by name, with a fan-out rule as any node's inputs. Round 1
+    uses the rules as written (`per_sample`: one exchange per upstream sample); a later
+    turn already descends from its thread's upstream sample through `{self}`, so a
+    `per_sample` input is shown there as `first` of the same lineage — that very sample.
     """
 
     agents: list[str] = Field(min_length=2)
@@ -194,6 +233,13 @@ class ExchangeSpec(_Frozen):
     reply_template: str
     other_fanout: str = "first"
     max_tokens: int | None = Field(None, ge=1)
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Upstream nodes the turns may show, with fan-out rules (as a node's).",
+    )
+    chat: ChatSpec | None = Field(
+        None, description="Render the turns with the tokenizer's chat template (as a node's)."
+    )
 
 
 class DatasetSpec(_Frozen):

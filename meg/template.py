@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_@\-]*)\}(?!\})")
 RESERVED = ("question",)
@@ -82,3 +83,46 @@ def render_ids(
     if tail:
         out += encode(tail)
     return out
+
+
+USER_SLOT = "\x00FLEXMARL-USER\x00"  # a user message no chat template can confuse with text
+
+
+def chat_frame(tokenizer: Any, system: str | None) -> tuple[str, str]:
+    """The text a tokenizer's chat template puts before and after the user message (with
+    the generation prompt for the assistant's turn), found by rendering a sentinel message.
+
+    The prompt is then `encode(before) + render_ids(user template) + encode(after)`: the
+    user message keeps token-in/token-out (parents spliced as ids) and the framing is
+    exactly what `apply_chat_template` writes. Raises `ValueError` when the tokenizer has no
+    chat template or its template does not show the user message verbatim."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the tokenizer has no chat template (tokenizer_config.json `chat_template`); "
+            "remove `chat:` or use an instruct model's tokenizer"
+        )
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": USER_SLOT})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    before, found, after = str(text).partition(USER_SLOT)
+    if not found or USER_SLOT in after:
+        raise ValueError("the tokenizer's chat template does not show the user message as is")
+    return before, after
+
+
+def prompt_ids(
+    template: str,
+    frame: tuple[Sequence[int], Sequence[int]] | None,
+    question: str,
+    parents: Mapping[str, Sequence[Sequence[int]]],
+    encode: Encode,
+    *,
+    eos_id: int | None,
+    newline_ids: Sequence[int],
+) -> list[int]:
+    """A node's prompt ids: `render_ids`, inside the chat frame's (before, after) ids when
+    the node has `chat:`. Rollout, evaluation and the warm start all call this."""
+    ids = render_ids(template, question, parents, encode, eos_id=eos_id, newline_ids=newline_ids)
+    if frame is None:
+        return ids
+    return [*frame[0], *ids, *frame[1]]

@@ -23,12 +23,12 @@ from prefect import task
 from engines.rollout.base import RolloutError, SamplingParams
 from engines.training.publish import latest_published, weights_key
 from meg.expand import SampleInfo, expand_episode, plan_invocations
-from meg.template import render_ids
+from meg.template import prompt_ids
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.context import RunContext, Stopwatch, Timing
-from tasks.worker import host_of, state_of, store_of, tokenizer, tokenizer_of
+from tasks.worker import chat_frame_of, host_of, state_of, store_of, tokenizer, tokenizer_of
 from workloads.datasets import TaskItem
 
 Episode = tuple[str, TaskItem]  # (episode id, task)
@@ -123,6 +123,7 @@ def plan_prompts(
     tok = tokenizer(tok_path)
     batches, index = _parent_infos(ctx, node, step, mb)
     newline = _encode_cached(tok_path, "\n")
+    frame = chat_frame_of(nspec, tok_path)
     plans, prompts = [], []
     for eid, item in episodes:
         symbolic = expand_episode(spec, eid).samples  # lineage is structural
@@ -151,8 +152,9 @@ def plan_prompts(
                         for r in resp
                     ]
                 shown[parent] = resp
-            ids = render_ids(
+            ids = prompt_ids(
                 nspec.template,
+                frame,
                 item.question,
                 shown,
                 lambda t: list(_encode_cached(tok_path, t)),

@@ -60,6 +60,25 @@ def tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path.removeprefix(HUB_PREFIX))
 
 
+@functools.lru_cache(maxsize=64)
+def _chat_frame_ids(path: str, system: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    from meg.template import chat_frame
+
+    tok = tokenizer(path)
+    before, after = chat_frame(tok, system)
+
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(tok(text, add_special_tokens=False)["input_ids"]) if text else ()
+
+    return encode(before), encode(after)
+
+
+def chat_frame_of(node: Any, tok_path: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The (before, after) ids the tokenizer's chat template puts around a `chat:` node's
+    user message; None for a plain-template node."""
+    return None if node.chat is None else _chat_frame_ids(tok_path, node.chat.system)
+
+
 def tokenizer_of(ctx: RunContext, agent: str) -> Any:
     a = ctx.spec.agents[agent]
     return tokenizer(a.tokenizer or a.model)

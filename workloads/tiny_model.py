@@ -7,6 +7,7 @@ safetensors and the tokenizer a `PreTrainedTokenizerFast`, so the same directory
 accept; odd head dims are not safe there). Other families (Qwen2, Qwen3, GPT-2, Gemma: tied
 embeddings, biases, q/k norm, dropout, a 151,936-row vocabulary) come from the registry in
 `workloads.families`; the default `llama` family is byte-identical to the original model.
+Every tokenizer carries a small chat template (`CHAT_TEMPLATE`) for `chat:` nodes.
 
 Determinism: for one seed and one corpus the weight file is byte-identical across builds
 (`torch.manual_seed` before construction, safetensors with fixed metadata), so tests can
@@ -79,6 +80,13 @@ def train_tokenizer(corpus: Iterable[str], vocab: int):  # -> PreTrainedTokenize
 
 TOKENIZER_MAX_VOCAB = 512  # the BPE tokenizer never grows past this, whatever the model vocab
 
+# A small chat template in the style of instruct models (role headers, the assistant's turn
+# opened by the generation prompt), so `chat:` nodes are tested end to end on tiny models.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
 
 def build_tiny_model(
     out_dir: str | Path,
@@ -136,6 +144,7 @@ def build_tiny_model(
     model = fam.model_class()(config)
     model.generation_config.do_sample = True  # a policy, not a greedy decoder
     model.save_pretrained(out, safe_serialization=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
     (out / "flexmarl_tiny.json").write_text(
         json.dumps(

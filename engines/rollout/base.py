@@ -147,7 +147,12 @@ BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend")
 
 def register_backend(name: str) -> Callable[[type], type]:
     """Class decorator: `@register_backend("vllm")`."""
-    return BACKENDS.register(name)
+
+    def deco(cls: type) -> type:
+        BACKENDS.add(name, cls)
+        return cls
+
+    return deco
 
 
 def known_backends() -> list[str]:
