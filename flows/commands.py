@@ -27,9 +27,7 @@ def option_error(e: Any) -> RunError:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "config", help="MEG YAML file, or a built-in workload: math-chain, debate, fanout"
-    )
+    p.add_argument("config", help="MEG YAML file, or a built-in workload (workloads.BUILTIN)")
 
 
 def _meg_show_args(p: argparse.ArgumentParser) -> None:
@@ -246,29 +244,16 @@ def _ui_args(p: argparse.ArgumentParser) -> None:
 
 @command("ui", "Start the Prefect server with its UI on 127.0.0.1 and print the URL.", _ui_args)
 def ui_cmd(args: argparse.Namespace) -> int:
-    import os
-    import subprocess
-    import sys
+    from flows.ui import serve
 
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if not 0 < args.port < 65536:
+        raise RunError(f"--port must be a TCP port (1-65535), got {args.port}")
     print(
         f"Prefect UI: http://127.0.0.1:{args.port}  (export PREFECT_API_URL="
-        f"http://127.0.0.1:{args.port}/api so that `flexmarl train` reports to it)"
+        f"http://127.0.0.1:{args.port}/api so that `flexmarl train` reports to it)",
+        flush=True,
     )
-    return subprocess.call(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-        ],
-        env=env,
-    )
+    return serve(args.port)
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:

@@ -49,7 +49,9 @@ class EvalParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     config: str = Field(
-        "math-chain", description="MEG YAML file or built-in workload (math-chain, debate, fanout)"
+        "math-chain",
+        description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
+        "critic-debate, word-problems)",
     )
     checkpoint: str | None = Field(
         None,

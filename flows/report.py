@@ -111,7 +111,8 @@ def publish_ms(results: list[Any]) -> float:
 
 
 def reward_gain(per_step_rows: list[dict[str, Any]], k: int = 3) -> float:
-    """Mean team reward of the last k steps minus the first k (the README's learning check)."""
+    """Mean team reward of the last k steps minus the first k (the learning check that
+    docs/benchmarks.md reports)."""
     team = [r["team_reward"] for r in per_step_rows]
     if len(team) < 2 * k:
         k = max(1, len(team) // 2)

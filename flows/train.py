@@ -41,7 +41,9 @@ class TrainParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     config: str = Field(
-        "math-chain", description="MEG YAML file or built-in workload (math-chain, debate, fanout)"
+        "math-chain",
+        description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
+        "critic-debate, word-problems)",
     )
     mode: Literal["sync", "flex", "async"] | None = Field(
         None, description="sync (barrier per step), flex (zero staleness), async (η steps)"

@@ -1,6 +1,6 @@
 """The MEG Store: one table of immutable, committed segments per agent.
 
-Layout under ``{store_url}/{run_id}/`` (documented for users in the README)::
+Layout under ``{store_url}/{run_id}/`` (documented for users in docs/store.md)::
 
     store.json                                  run manifest (format, schema_version)
     {agent}/table.json                          table manifest

@@ -86,7 +86,7 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True)
 class Completion:
     response_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]  # raw model logprob (temperature 1) of each response id
+    logprobs: tuple[float, ...]  # logprob of each response id under the sampling distribution
     finish_reason: str  # "stop" | "length"
 
 

@@ -1,8 +1,9 @@
 """`hf` backend: a manual sampling loop over a transformers causal LM (runs anywhere).
 
-Why not `model.generate`: we need the raw (temperature-1) logprob of every sampled token, a
-per-row token budget (the context cap differs per prompt) and one seeded generator for the
-whole batch; a 40-line loop with the KV cache is simpler than bending `generate` to that.
+Why not `model.generate`: we need the logprob of every sampled token under the distribution
+it was sampled from (logits / T, top-p), a per-row token budget (the context cap differs per
+prompt) and one seeded generator for the whole batch; a 40-line loop with the KV cache is
+simpler than bending `generate` to that.
 Prompts are left-padded into one batch; position ids follow the attention mask so padding
 does not shift positions (tested against an unpadded forward pass).
 

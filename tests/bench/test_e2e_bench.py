@@ -23,7 +23,7 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
         assert arm["violations"] == 0
     for key in ("speedup_flex_vs_sync", "balance_gain", "async_gain", "prefect_overhead"):
         assert isinstance(r[key], float)
-    for arm in ("sync", "flex"):  # the timelines the README shows sit next to the JSON
+    for arm in ("sync", "flex"):  # the timelines docs/benchmarks.md shows sit next to the JSON
         assert (tmp_path / f"timeline_math-chain_{arm}.png").stat().st_size > 1000
 
 

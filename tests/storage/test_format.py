@@ -19,7 +19,7 @@ from storage.testing import synthetic_batch
 
 
 def _columns(g: Any) -> dict[str, np.ndarray]:
-    """The README's plain-zarr reader: every column of a segment group, by name."""
+    """The plain-zarr reader of docs/store.md: every column of a segment group, by name."""
     out = {}
     for name, arr in g.arrays():
         cols = arr.attrs.get("columns")  # packed: row k of the array is column cols[k]
