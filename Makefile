@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL := models/tiny-math
+WP_MODEL := models/tiny-wp
 RUN_DIR ?= runs/default
 
-.PHONY: run test setup browser models lint bench clean
+.PHONY: run test setup browser models word-problems lint bench clean
 
 ## run: the main job — a real multi-agent GRPO run of math-chain on the embedded defaults
 run: setup models
@@ -41,6 +42,14 @@ models: $(MODEL)/config.json
 $(MODEL)/config.json: | setup
 	$(BIN)/flexmarl tiny-model $(MODEL) --warm-start math-chain
 
+## word-problems: build + warm-start models/tiny-wp, then train the GSM8K-format word-problems team
+word-problems: setup $(WP_MODEL)/config.json
+	@if [ -e runs/word-problems ]; then mv runs/word-problems runs/word-problems.$$(date +%Y%m%d-%H%M%S); fi
+	$(BIN)/flexmarl train word-problems --run-dir runs/word-problems
+
+$(WP_MODEL)/config.json: | setup
+	$(BIN)/flexmarl tiny-model $(WP_MODEL) --warm-start word-problems
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy meg storage engines tasks flows workloads bench
 
@@ -50,6 +59,8 @@ bench: setup models
 	$(BIN)/python -m bench.rollout --json bench/results/rollout.json
 	$(BIN)/python -m bench.e2e --repeats 3 --json bench/results/e2e.json
 	$(BIN)/python -m bench.lora --json bench/results/lora.json
+	$(BIN)/python -m bench.zero_advantage --json bench/results/zero_advantage.json
+	$(BIN)/python -m bench.word_problems --json bench/results/word_problems.json
 
 clean:
 	rm -rf $(VENV) runs

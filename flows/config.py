@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engines.training import loss_names
+from engines.training.losses import zero_at_zero_advantage
 from meg import MEGError, MEGSpec, is_hub_name, load_meg, validate
+from meg.spec import LossSpec
 from workloads import plugins, resolve_config
 from workloads.datasets import GENERATORS
 from workloads.rewards import check_binding, known_rewards
@@ -106,11 +108,32 @@ def check_workload(spec: MEGSpec, source: str) -> None:
             check_binding(binding.fn, binding.params)
         except TypeError as e:
             raise MEGError(str(e), source=source, field=f"rewards.{node}.params") from None
+    for name, agent in spec.agents.items():
+        problem = skip_zero_advantage_problem(agent.loss)
+        if problem:
+            raise MEGError(problem, source=source, field=f"agents.{name}.loss.skip_zero_advantage")
     if spec.dataset.generator is not None:
         try:
             GENERATORS.get(spec.dataset.generator)
         except KeyError as e:
             raise MEGError(str(e), source=source, field="dataset.generator") from None
+
+
+def skip_zero_advantage_problem(loss: LossSpec) -> str | None:
+    """Why `skip_zero_advantage: true` would not be exact for this loss (None: it is)."""
+    if not loss.skip_zero_advantage:
+        return None
+    if loss.kl_coef:
+        return (
+            "skip_zero_advantage needs kl_coef 0: the KL term gives a zero-advantage "
+            "sequence a gradient"
+        )
+    if not zero_at_zero_advantage(loss.policy_loss):
+        return (
+            f"skip_zero_advantage: policy loss {loss.policy_loss!r} is not registered as zero "
+            "at zero advantage (@register_policy_loss(name, zero_at_zero_advantage=True))"
+        )
+    return None
 
 
 def check_lora(spec: MEGSpec, source: str) -> None:

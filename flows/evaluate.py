@@ -1,18 +1,21 @@
-"""The `evaluate` flow: greedy accuracy of the team and of each agent on held-out tasks.
+"""The `evaluate` flow: accuracy of the team and of each agent on held-out tasks.
 
 Which models: a training run directory (`RUN_DIR/final/<agent>/`, the HF exports of the
 train flow; without them the newest checkpoint in the run's store is exported to a temp
 dir), a plain HF model directory (the same model for every agent), or `base=True`, the
 config's own initial models (the before-RL baseline).
 
-How: every MEG node runs in topological order over the split's tasks with ONE greedy
-sample per invocation, planned with `meg.expand.plan_invocations` and prompted with
+How: every MEG node runs in topological order over the split's tasks with ONE sample per
+invocation — greedy by default, or with each agent's own sampling (`sampling="policy"`,
+`repeats` episodes per task, each prompt its own seed: the distribution RL optimises) —,
+planned with `meg.expand.plan_invocations` and prompted with
 `prompt_ids` as the generate task does, then scored with the bound reward functions as the
 score task does. All in this process: no Dask cluster, no store (a few batched passes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -62,6 +65,14 @@ class EvalParams(BaseModel):
     split: Literal["eval", "train"] = Field("eval", description="which split to evaluate on")
     limit: int | None = Field(None, ge=1, description="first N tasks of the split")
     batch_size: int = Field(64, ge=1, description="prompts per generate call")
+    sampling: Literal["greedy", "policy"] = Field(
+        "greedy",
+        description="greedy: the argmax response; policy: each agent's own sampling "
+        "(temperature, top_p), the distribution RL optimises",
+    )
+    repeats: int = Field(
+        1, ge=1, description="episodes per task (with policy sampling: the mean of N samples)"
+    )
     json_path: str | None = Field(
         None, description="also write the result as JSON here", json_schema_extra={"cli": "--json"}
     )
@@ -80,7 +91,7 @@ def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, 
 
 @dataclass(frozen=True, slots=True)
 class Sampled:
-    """One greedy sample: its plan (lineage, parents), tokens and text."""
+    """One sample: its plan (lineage, parents), tokens and text."""
 
     plan: InvocationPlan
     info: SampleInfo
@@ -167,8 +178,10 @@ def run_node(
     by_node: dict[str, dict[str, list[SampleInfo]]],
     models: dict[str, str],
     batch_size: int,
+    sampling: str = "greedy",
 ) -> list[Sampled]:
-    """All invocations of `node` over every episode: plan, prompt, greedy-generate."""
+    """All invocations of `node` over every episode: plan, prompt, generate (greedy, or
+    with the agent's own sampling, one seed per prompt)."""
     from engines.rollout.base import SamplingParams
     from tasks.worker import tokenizer
 
@@ -183,10 +196,12 @@ def run_node(
             prompts.append(_prompt(spec, node, plan, item, done, models))
     tok = tokenizer(_tokenizer_path(spec, agent, models))
     eos = tok.eos_token_id
+    own = spec.agents[agent].sampling
+    greedy = sampling == "greedy"
     params = SamplingParams(
         n=1,
-        temperature=1.0,
-        top_p=GREEDY_TOP_P,
+        temperature=1.0 if greedy else own.temperature,
+        top_p=GREEDY_TOP_P if greedy else own.top_p,
         max_tokens=spec.node_max_tokens(node),
         seed=0,
         stop_token_ids=(eos,) if eos is not None else (),
@@ -194,7 +209,8 @@ def run_node(
     backend = _backend(spec.agents[agent].backend, models[agent])
     out: list[Sampled] = []
     for start in range(0, len(prompts), batch_size):
-        comps = backend.generate(prompts[start : start + batch_size], params)
+        batch = dataclasses.replace(params, seed=start)  # a distinct seed for every prompt
+        comps = backend.generate(prompts[start : start + batch_size], batch)
         for plan, (c,) in zip(plans[start : start + batch_size], comps, strict=True):
             score = float(np.mean(c.logprobs)) if c.logprobs else 0.0
             (info,) = plan.child_samples(1, [score])
@@ -204,14 +220,18 @@ def run_node(
 
 
 def rollout(
-    spec: MEGSpec, models: dict[str, str], tasks: dict[str, TaskItem], batch_size: int
+    spec: MEGSpec,
+    models: dict[str, str],
+    tasks: dict[str, TaskItem],
+    batch_size: int,
+    sampling: str = "greedy",
 ) -> dict[str, list[Sampled]]:
-    """Every node in topological order; children see their parents' greedy samples."""
+    """Every node in topological order; children see their parents' samples."""
     done: dict[str, Sampled] = {}
     by_node: dict[str, dict[str, list[SampleInfo]]] = {}
     out: dict[str, list[Sampled]] = {}
     for node in topological_order(spec):
-        samples = run_node(spec, node, tasks, done, by_node, models, batch_size)
+        samples = run_node(spec, node, tasks, done, by_node, models, batch_size, sampling)
         out[node] = samples
         done.update({s.info.id: s for s in samples})
         by_node[node] = {eid: [] for eid in tasks}
@@ -267,11 +287,15 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     check_checkpoint(p.base, p.checkpoint)
     spec = load_config(p.config, check_models=p.base)
     items = eval_tasks(spec, p.split, p.limit)
-    tasks = {f"eval{i}": item for i, item in enumerate(items)}
+    tasks = {
+        f"eval{i}" if p.repeats == 1 else f"eval{i}.{r}": item
+        for i, item in enumerate(items)
+        for r in range(p.repeats)
+    }
     with tempfile.TemporaryDirectory(prefix="flexmarl-eval-") as tmp:
         try:
             source = resolve_models(spec, p.base, p.checkpoint, Path(tmp))
-            samples = rollout(spec, source.models, tasks, p.batch_size)
+            samples = rollout(spec, source.models, tasks, p.batch_size, p.sampling)
         finally:
             _backend.cache_clear()  # engines die with the evaluation (temp exports go)
     rewards = score(spec, samples, tasks)
@@ -287,8 +311,10 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
         "checkpoint": p.checkpoint,
         "models": source.labels,
         "split": p.split,
-        "tasks": len(tasks),
-        "top_p": GREEDY_TOP_P,
+        "tasks": len(items),
+        "sampling": p.sampling,
+        "repeats": p.repeats,
+        "top_p": GREEDY_TOP_P if p.sampling == "greedy" else None,
         "samples": {n: len(r) for n, r in rewards.items()},
         "node_agent": {n: spec.nodes[n].agent for n in rewards},
         "node_reward": {n: _mean(r) for n, r in rewards.items()},
@@ -304,12 +330,19 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     return out
 
 
+def _how(result: dict[str, Any]) -> str:
+    if result.get("sampling", "greedy") == "greedy":
+        return "greedy"
+    repeats = result.get("repeats", 1)
+    return "sampled" + (f" ×{repeats}" if repeats > 1 else "")
+
+
 def table(result: dict[str, Any]) -> Any:
     """A rich table: one row per node, per agent, and the team."""
     from rich.table import Table
 
     t = Table(
-        title=f"{result['workload']} · greedy on {result['tasks']} {result['split']} tasks "
+        title=f"{result['workload']} · {_how(result)} on {result['tasks']} {result['split']} tasks "
         f"({result['source']})"
     )
     for col in ("scope", "name", "model", "samples", "mean reward"):

@@ -77,6 +77,12 @@ class LossSpec(_Frozen):
     is_cap: float = Field(
         2.0, ge=1.0, description="Cap of the truncated importance weight (recompute anchor)."
     )
+    skip_zero_advantage: bool = Field(
+        False,
+        description="Skip the forward and backward of sequences whose advantage is exactly "
+        "0 (their gradient is 0); the normaliser still counts them, so the gradient is the "
+        "same. Applies when kl_coef is 0 and the policy loss declares it exact.",
+    )
 
 
 class PlacementSpec(_Frozen):

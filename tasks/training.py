@@ -13,6 +13,7 @@ export is the last step's weights whatever `checkpoint_every` says).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,9 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
                 "staleness": ctx.staleness,
                 "rows": sum(t.rows for t in trains),
                 "trained": [[j, tok, seq] for j, (tok, seq) in sorted(result.parts.items())],
+                # ratio, clip and IS diagnostics, the zero-advantage fraction skipped (finite
+                # values only: the record is strict JSON)
+                "metrics": {k: v for k, v in result.metrics.items() if math.isfinite(v)},
             },
         )
         if step == ctx.last_step:  # the final export is the last step's weights

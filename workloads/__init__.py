@@ -13,6 +13,8 @@ BUILTIN = {
     "math-chain": _HERE / "math_chain.yaml",
     "debate": _HERE / "debate.yaml",
     "fanout": _HERE / "fanout.yaml",
+    "critic-debate": _HERE / "critic_debate.yaml",
+    "word-problems": _HERE / "word_problems.yaml",
 }
 
 

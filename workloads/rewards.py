@@ -176,15 +176,31 @@ def verdict(
     **_: Any,
 ) -> float:
     """1 if the verifier says `yes` to a correct `target` parent answer or `no` to a wrong one."""
+    return judge_verdict(sample, episode, task, "verdict", target, yes, no, is_correct)
+
+
+def judge_verdict(
+    sample: SampleView,
+    episode: EpisodeView,
+    task: TaskItem,
+    reward: str,
+    target: str,
+    yes: str,
+    no: str,
+    correct: Callable[[str, TaskItem], bool],
+) -> float:
+    """The verdict rule, for any notion of a correct answer: 1 when the sample's first word
+    (trailing punctuation dropped) is `yes` and its `target` parent is `correct`, or `no`
+    and it is not; 0 for any other word. `reward` names the caller in the error."""
     parents = [episode.samples[p] for p in sample.parent_ids if p in episode.samples]
     judged = [p for p in parents if p.node == target]
     if not judged:
-        raise ValueError(f"verdict reward: sample {sample.id} has no parent from node {target!r}")
+        raise ValueError(f"{reward} reward: sample {sample.id} has no parent from node {target!r}")
     words = sample.text.strip().lower().split()
-    said = words[0] if words else ""
+    said = words[0].strip(".,!") if words else ""
     if said not in (yes, no):
         return 0.0
-    return float((said == yes) == is_correct(judged[0].text, task))
+    return float((said == yes) == correct(judged[0].text, task))
 
 
 @register_reward("team_final", reads=_param("final"))
@@ -212,3 +228,8 @@ def length_penalty(
 ) -> float:
     """exact_answer minus a penalty growing with response length (for shaping experiments)."""
     return float(is_correct(sample.text, task)) - min(len(sample.text) / max_chars, 1.0) * 0.5
+
+
+# The math-verify rewards (`math_answer`, `math_verdict`) live in their own module; importing
+# it here makes them built-ins like the ones above.
+from workloads import math_rewards as _math_rewards  # noqa: E402, F401

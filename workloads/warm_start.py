@@ -11,6 +11,7 @@ format the rollout will use. A short run leaves it partly right — the point of
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +21,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meg import MEGSpec, topological_order
-from meg.template import render, render_ids
+from meg.registry import Registry
+from meg.spec import ChatSpec
+from meg.template import chat_frame, prompt_ids, render
 from workloads.datasets import TaskItem, load_dataset
+from workloads.math_rewards import math_correct, math_reference
 from workloads.rewards import is_correct
 
-# reward fn -> completion it scores as right: (task, parent texts by node, corrupt?) -> text
+# reward fn -> completion it scores as right: (task, parent texts by node, rng) -> text
 Reference = Callable[[TaskItem, dict[str, str], random.Random], str]
+# what children see of a node's completion: (completion, task, rng) -> text
+Shown = Callable[[str, TaskItem, random.Random], str]
 
 
 def _answer(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str:
@@ -45,15 +51,58 @@ def _verdict(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str
     return " yes" if is_correct(judged, task) else " no"
 
 
-REFERENCES: dict[str, Reference] = {
-    "exact_answer": _answer,
-    "team_final": _answer,
-    "length_penalty": _answer,
-    "verdict": _verdict,
-}
+_CALC = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations: `= <<4*2=8>>8`
+MAX_WORKED_CHARS = 48  # a longer worked solution (real GSM8K) is taught as the number alone
+
+
+def math_completion(task: TaskItem) -> str:
+    """The completion a `math_answer` node is taught: the task's worked solution on one line
+    (`" 5 + 3 = 8"`, two steps `" 5 + 3 = 8, 8 - 2 = 6"`) when it is short, as the
+    generator's are, else just the reference number (`" 72"`): what a tiny model can learn,
+    and what math-verify parses back to the reference either way."""
+    worked, sep, _ = task.answer.rpartition("####")
+    lines = [ln.strip() for ln in _CALC.sub("", worked).splitlines() if ln.strip()]
+    text = ", ".join(lines)
+    if sep and text and len(text) <= MAX_WORKED_CHARS and math_correct(text, task):
+        return f" {text}"
+    return f" {math_reference(task.answer)}"
+
+
+def _math_answer(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str:
+    return math_completion(task)
+
+
+_LAST_NUMBER = re.compile(r"-?\d+(?!.*\d)", re.S)
+
+
+def _math_shown(completion: str, task: TaskItem, rng: random.Random) -> str:
+    """`_shown` for math answers: half the right completions shown with their final number
+    off by 1 or 2 (`" 5 + 3 = 9"`), so the verifier and the reviser meet both verdicts."""
+    m = _LAST_NUMBER.search(completion)
+    if m is None or not math_correct(completion, task) or rng.random() >= 0.5:
+        return completion
+    value = int(m.group(0))
+    wrong = value + rng.choice([-2, -1, 1, 2] if value >= 2 else [1, 2])
+    return f"{completion[: m.start()]}{wrong}{completion[m.end() :]}"
+
+
+def _math_verdict(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str:
+    judged = next(iter(parents.values()), "")
+    return " yes" if math_correct(judged, task) else " no"
+
+
+# Reward function -> the reference completion it scores as right. An entry's `shown`
+# metadata is what the node's children see of it (default `_shown`).
+REFERENCES: Registry[Reference] = Registry("warm-start reference")
+REFERENCES.add("exact_answer", _answer)
+REFERENCES.add("team_final", _answer)
+REFERENCES.add("length_penalty", _answer)
+REFERENCES.add("verdict", _verdict)
+REFERENCES.add("math_answer", _math_answer, shown=_math_shown)
+REFERENCES.add("math_verdict", _math_verdict)
 
 # Optimizer steps per built-in workload: enough for the format, not for the arithmetic.
-PRESET_STEPS = {"math-chain": 100, "debate": 100, "fanout": 100}
+PRESET_STEPS = {"math-chain": 100, "debate": 100, "fanout": 100, "word-problems": 180}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +113,7 @@ class Example:
     question: str
     parents: dict[str, str]
     completion: str
+    chat: ChatSpec | None = None  # the node's `chat:` (its prompt framed by the chat template)
 
     @property
     def prompt(self) -> str:
@@ -83,9 +133,10 @@ def reference_pairs(spec: MEGSpec, task: TaskItem, rng: random.Random) -> list[E
                 f"known: {', '.join(sorted(REFERENCES))}"
             )
         parents = {p: texts[p] for p in node.inputs}
-        completion = REFERENCES[fn](task, parents, rng)
-        pairs.append(Example(node.template, task.question, parents, completion))
-        texts[name] = _shown(completion, task, rng)
+        completion = REFERENCES.get(fn)(task, parents, rng)
+        pairs.append(Example(node.template, task.question, parents, completion, node.chat))
+        shown: Shown = REFERENCES.meta(fn).get("shown", _shown)
+        texts[name] = shown(completion, task, rng)
     return pairs
 
 
@@ -106,19 +157,35 @@ class WarmStartReport:
 
 
 def _encode(tok: Any, pairs: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt ids exactly as the rollout builds them (`render_ids`: template pieces encoded
-    separately, parent answers spliced as ids), so the warm start teaches the very token
-    sequences RL will sample from; completion ids + EOS."""
+    """Prompt ids exactly as the rollout builds them (`prompt_ids`: template pieces encoded
+    separately, parent answers spliced as ids, a `chat:` node inside its chat frame), so the
+    warm start teaches the very token sequences RL will sample from; completion ids + EOS."""
 
     def encode(text: str) -> list[int]:
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(tok(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    frames: dict[str | None, tuple[list[int], list[int]]] = {}
+
+    def frame(chat: ChatSpec | None) -> tuple[list[int], list[int]] | None:
+        if chat is None:
+            return None
+        if chat.system not in frames:
+            before, after = chat_frame(tok, chat.system)
+            frames[chat.system] = (encode(before), encode(after))
+        return frames[chat.system]
 
     newline = encode("\n")
     rows, masks = [], []
     for ex in pairs:
         shown = {name: [encode(text)] for name, text in ex.parents.items()}
-        p = render_ids(
-            ex.template, ex.question, shown, encode, eos_id=tok.eos_token_id, newline_ids=newline
+        p = prompt_ids(
+            ex.template,
+            frame(ex.chat),
+            ex.question,
+            shown,
+            encode,
+            eos_id=tok.eos_token_id,
+            newline_ids=newline,
         )
         c = [*encode(ex.completion), tok.eos_token_id]
         rows.append(p + c)

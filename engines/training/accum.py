@@ -1,5 +1,6 @@
-"""The pending step's bookkeeping: which micro-batches it holds and their counts, and the
-constant an aggregation mode divides the summed gradients by once the batch is known."""
+"""The pending step's bookkeeping: which micro-batches it holds and their counts, the
+constant an aggregation mode divides the summed gradients by once the batch is known, and
+which rows need a forward pass at all (zero-advantage skipping)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,21 @@ def normaliser(mode: str, tokens: int, seqs: int) -> float:
     return unit / real
 
 
+def kept_rows(advantages: torch.Tensor, enabled: bool) -> torch.Tensor | None:
+    """The rows of a micro-batch whose advantage is not exactly 0, or None for all of them.
+
+    Zero-advantage skipping: with a policy loss that is 0 at A = 0 and no KL term, such a
+    row's per-token loss is 0 for every parameter value, so its gradient is exactly 0 — in
+    every aggregation mode, since each is Σ(per-sequence term)/constant and the constant
+    comes from the counts, which still include the skipped rows. Leaving the row out of the
+    forward and backward is then the same gradient for less compute (up to the float
+    summation order of a smaller batch). The caller decides `enabled` (config, KL, loss)."""
+    if not enabled:
+        return None
+    keep = torch.nonzero(advantages != 0).flatten()
+    return None if len(keep) == len(advantages) else keep
+
+
 @dataclass(slots=True)
 class Accum:
     """Counts, loss and parts of the pending step; JSON-able, so it travels with the state."""
@@ -35,6 +51,8 @@ class Accum:
     seqs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     parts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    skipped_tokens: int = 0  # response tokens of zero-advantage rows left out (counted above)
+    skipped_seqs: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -39,6 +39,18 @@ class TrainMicroBatch:
         """Response tokens: the unit the "token-mean" normaliser counts."""
         return int(self.response_mask.sum().item())
 
+    def rows(self, index: Tensor) -> TrainMicroBatch:
+        """The sequences at `index` (a 1-D long tensor), padding as it is."""
+        ref = None if self.ref_logprobs is None else self.ref_logprobs[index]
+        return TrainMicroBatch(
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.response_mask[index],
+            self.old_logprobs[index],
+            self.advantages[index],
+            ref,
+        )
+
     def to(self, device: str | torch.device) -> TrainMicroBatch:
         ref = None if self.ref_logprobs is None else self.ref_logprobs.to(device)
         return TrainMicroBatch(

@@ -40,6 +40,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     old_logprobs: str = "recompute"  # the PPO anchor: behaviour | recompute (losses.ANCHORS)
     is_cap: float = 2.0  # truncation of the sampler-mismatch importance weight (recompute)
+    skip_zero_advantage: bool = False  # no forward/backward of A = 0 rows (accum.kept_rows)
     temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
     seed: int = 0
     dtype: str = "float32"

@@ -40,9 +40,18 @@ PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: `@register_policy_loss("grpo")`."""
-    return POLICY_LOSSES.register(name)
+def register_policy_loss(
+    name: str, *, zero_at_zero_advantage: bool = False
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: `@register_policy_loss("grpo")`. `zero_at_zero_advantage`: the loss of a
+    sequence whose advantage is 0 is 0 for every parameter value when there is no KL term
+    (so its gradient is exactly 0, and zero-advantage skipping is exact for this loss)."""
+    return POLICY_LOSSES.register(name, zero_at_zero_advantage=zero_at_zero_advantage)
+
+
+def zero_at_zero_advantage(name: str) -> bool:
+    """Whether policy loss `name` declared its loss 0 at A = 0 (without KL)."""
+    return bool(POLICY_LOSSES.meta(name).get("zero_at_zero_advantage"))
 
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -135,7 +144,7 @@ def clipped_surrogate(
     return loss, metrics
 
 
-@register_policy_loss("grpo")
+@register_policy_loss("grpo", zero_at_zero_advantage=True)
 def grpo_loss(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kw: object
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -147,7 +156,7 @@ def grpo_loss(
     return clipped_surrogate(logprobs, old_logprobs, advantages, mask, **kw)  # type: ignore[arg-type]
 
 
-@register_policy_loss("dr_grpo")
+@register_policy_loss("dr_grpo", zero_at_zero_advantage=True)
 def dr_grpo_loss(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kw: object
 ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from engines.training.accum import Accum, normaliser
+from engines.training.accum import Accum, kept_rows, normaliser
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
 from engines.training.config import (
@@ -71,7 +71,7 @@ from engines.training.config import (
     StepResult,
     TrainConfig,
 )
-from engines.training.losses import anchor, policy_loss
+from engines.training.losses import anchor, policy_loss, zero_at_zero_advantage
 from engines.training.reference import reference_model
 from engines.training.weights import PolicyWeights, make_weights
 
@@ -192,6 +192,17 @@ class AgentTrainer:
             self._record_part(acc, part, 0, 0)  # raises: already accumulated
         mb = mb.to(self.device)
         cfg = self.config
+        full = mb
+        keep = kept_rows(mb.advantages, self._skips_zero_advantage)
+        if keep is not None:
+            mb = mb.rows(keep)
+            acc.skipped_tokens += full.num_tokens - mb.num_tokens
+            acc.skipped_seqs += full.num_seqs - mb.num_seqs
+            if mb.num_seqs == 0:  # nothing left to back-propagate: counts only
+                acc.tokens += full.num_tokens
+                self._record_part(acc, part, full.num_tokens, full.num_seqs)
+                acc.seqs += full.num_seqs
+                return {"loss": 0.0}
         ref = mb.ref_logprobs
         if cfg.kl_coef and ref is None:
             ref = self.reference_logprobs(mb)
@@ -230,14 +241,22 @@ class AgentTrainer:
         value = float(loss.detach())
         acc.loss += value
         acc.finite &= math.isfinite(value)
-        acc.tokens += mb.num_tokens
-        self._record_part(acc, part, mb.num_tokens, mb.num_seqs)  # after a successful backward
-        acc.seqs += mb.num_seqs
+        acc.tokens += full.num_tokens
+        self._record_part(acc, part, full.num_tokens, full.num_seqs)  # after the backward
+        acc.seqs += full.num_seqs
         out = {k: float(v) for k, v in metrics.items()}
         for k, v in out.items():  # token-weighted running mean of the diagnostics
             acc.metrics[k] = acc.metrics.get(k, 0.0) + v * mb.num_tokens
         out["loss"] = value
         return out
+
+    @property
+    def _skips_zero_advantage(self) -> bool:
+        """Zero-advantage skipping is on and exact for this agent (`accum.kept_rows`)."""
+        cfg = self.config
+        return (
+            cfg.skip_zero_advantage and not cfg.kl_coef and zero_at_zero_advantage(cfg.policy_loss)
+        )
 
     @torch.no_grad()
     def reference_logprobs(self, mb: TrainMicroBatch) -> torch.Tensor:
@@ -288,7 +307,12 @@ class AgentTrainer:
         params = list(self._names)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        metrics = {k: v / max(acc.tokens, 1) for k, v in acc.metrics.items()}
+        metrics = {k: v / max(acc.tokens - acc.skipped_tokens, 1) for k, v in acc.metrics.items()}
+        if self._skips_zero_advantage:
+            metrics["zero_adv_skipped_frac"] = acc.skipped_seqs / acc.seqs
+            for p in self._names:  # a step of only zero-advantage rows: zero, not no, grads
+                if p.grad is None:  # (AdamW still moves its moments, as it would have)
+                    p.grad = torch.zeros_like(p)
         skipped = not (acc.finite and math.isfinite(norm))
         if skipped:
             self.skipped_steps += 1

@@ -9,7 +9,9 @@ import pytest
 from flows.cli import main
 
 
-@pytest.mark.parametrize("workload", ["math-chain", "debate", "fanout", "critic-debate"])
+@pytest.mark.parametrize(
+    "workload", ["math-chain", "debate", "fanout", "critic-debate", "word-problems"]
+)
 def test_meg_show_and_validate_every_builtin(
     workload: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -135,3 +135,24 @@ def test_a_lora_run_is_evaluated_with_its_adapters_merged(tmp_path: Path, tiny_m
     base = evaluate(EvalParams(config=str(cfg), base=True, limit=6))
     for key in ("examples", "node_reward", "agent_reward", "team_reward"):
         assert by_run[key] == base[key], key
+
+
+def test_policy_sampling_with_repeats(tmp_path: Path, tiny_model: str) -> None:
+    """`sampling="policy"`: the agents' own temperature, a distinct seed per prompt (the
+    repeats of one task differ), reproducible run to run; greedy repeats are identical."""
+    cfg = write_config(tmp_path, tiny_model)
+
+    def run(sampling: str) -> dict:
+        p = EvalParams(
+            config=str(cfg), checkpoint=tiny_model, limit=4, repeats=6, sampling=sampling
+        )
+        return evaluate(p)
+
+    sampled, greedy = run("policy"), run("greedy")
+    assert sampled["tasks"] == 4 and sampled["samples"] == {"solve": 24, "verify": 24}
+    assert (sampled["sampling"], sampled["repeats"], sampled["top_p"]) == ("policy", 6, None)
+    first = sampled["examples"][:3]  # episodes eval0.0, eval0.1, eval0.2: one task
+    assert len({e["question"] for e in first}) == 1
+    assert len({e["outputs"]["solve"][0] for e in first}) > 1  # the repeats sampled apart
+    assert len({e["outputs"]["solve"][0] for e in greedy["examples"][:3]}) == 1
+    assert run("policy")["examples"] == sampled["examples"]  # seeded

@@ -14,9 +14,9 @@ from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tests.flows.conftest import write_config
+from workloads import BUILTIN
 
 pytestmark = pytest.mark.slow
-CRITIC_DEBATE = Path(__file__).parents[2] / "workloads" / "critic_debate.yaml"
 
 
 def run(cfg: Path, tmp: Path, cluster: str) -> dict:
@@ -33,18 +33,24 @@ def run(cfg: Path, tmp: Path, cluster: str) -> dict:
     )
 
 
-def test_critics_debate_a_proposal_and_a_judge_decides(
-    tmp_path: Path, tiny_model: str, cluster: str
-) -> None:
-    data = yaml.safe_load(CRITIC_DEBATE.read_text())
+def train_builtin(name: str, model: str, tmp: Path, cluster: str) -> tuple[Path, MEGStore]:
+    """A built-in workload with every agent on `model`, trained 2 steps and audited clean."""
+    data = yaml.safe_load(BUILTIN[name].read_text())
     for agent in data["agents"].values():
-        agent["model"] = tiny_model
-    cfg = tmp_path / "critic-debate.yaml"
+        agent["model"] = model
+    cfg = tmp / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
-    out = run(cfg, tmp_path, cluster)
+    out = run(cfg, tmp, cluster)
     assert out["steps"] == 2 and out["consistency"]["violations"] == 0
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     assert audit_consistency(store).accounting_errors == 0
+    return cfg, store
+
+
+def test_critics_debate_a_proposal_and_a_judge_decides(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    _, store = train_builtin("critic-debate", tiny_model, tmp_path, cluster)
     props = store.table("proposer").read(step=0)
     skeptic = store.table("skeptic").read(step=0)
     # 2 episodes × 2 proposals; each proposal is debated: one skeptic turn per round
@@ -77,3 +83,32 @@ def test_chat_nodes_prompt_inside_the_tokenizers_chat_template(
     verify = store.table("verifier").read(step=0)  # a plain node beside it: no frame
     assert not tok.decode(verify.prompt(0).tolist()).startswith("<|")
     assert np.all(np.isfinite(rows.reward))
+
+
+def test_word_problems_train_with_math_verify_rewards_in_worker_threads(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """The built-in word-problems MEG on a real cluster: math-verify scores every node from
+    Dask worker threads, and the reviser sees the verdict and the answer it judged."""
+    from transformers import AutoTokenizer
+
+    from flows.config import load_config
+    from workloads.datasets import load_dataset
+    from workloads.math_rewards import math_correct
+
+    cfg, store = train_builtin("word-problems", tiny_model, tmp_path, cluster)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tasks = {t.question: t for t in load_dataset(load_config(str(cfg)).dataset).train}
+    solve = store.table("solver").read(step=0)
+    verify = store.table("verifier").read(step=0)
+    revise = store.table("reviser").read(step=0)
+    assert (len(solve), len(verify), len(revise)) == (2 * 4, 2 * 4 * 2, 2 * 4 * 2 * 2)
+    for i in range(len(solve)):  # the stored reward is math-verify's verdict on the text
+        text = tok.decode(solve.response(i).tolist(), skip_special_tokens=True)
+        prompt = tok.decode(solve.prompt(i).tolist())  # "Q: {question}\nA:"
+        task = tasks[prompt.removeprefix("Q: ").removesuffix("\nA:")]
+        assert solve.reward[i] == float(math_correct(text, task))
+    verify_parent = dict(zip(verify.sample_id, verify.parent_ids, strict=True))
+    for parents in revise.parent_ids:
+        v, s = str(parents).split(",")
+        assert verify_parent[v] == s  # the answer shown is the one this verdict judged

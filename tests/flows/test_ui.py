@@ -3,8 +3,8 @@ artifacts rendered by the Prefect UI in headless Chromium, and SIGTERM stopping 
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -44,6 +44,19 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> No
         except OSError:
             time.sleep(0.5)
     raise AssertionError(f"{url} did not answer in {timeout} s")
+
+
+def flow_runs(base: str) -> list[dict[str, object]]:
+    """The flow runs this server recorded, read from its REST API (not from console output,
+    which rich wraps at the terminal width)."""
+    req = urllib.request.Request(
+        f"{base}/api/flow_runs/filter",
+        data=json.dumps({"limit": 10}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return list(json.loads(r.read().decode()))
 
 
 def render(url: str, profile: Path) -> str:
@@ -109,9 +122,10 @@ def test_ui_on_any_port_renders_a_run_and_stops_with_sigterm(
             timeout=600,
         )
         assert run.returncode == 0, run.stderr[-3000:]
-        flow_run = re.search(rf"{base}/runs/flow-run/([0-9a-f-]+)", run.stdout + run.stderr)
-        assert flow_run, "the run did not report to this server"
-        page = render(f"{base}/runs/flow-run/{flow_run.group(1)}", tmp_path / "chromium")
+        runs = [r for r in flow_runs(base) if r.get("parent_task_run_id") is None]
+        assert len(runs) == 1, f"the run did not report to this server: {runs}"
+        assert runs[0]["state_type"] == "COMPLETED", runs[0]["state_type"]
+        page = render(f"{base}/runs/flow-run/{runs[0]['id']}", tmp_path / "chromium")
         assert "flexmarl-train" in page and "Completed" in page
         assert "Can't connect to Server API" not in page
         keys = ("uiwork-flex-reward-curve", "uiwork-flex-timeline", "uiwork-flex-metrics")

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from flows.commands import load_config
-from meg.template import render_ids
+from meg.spec import ChatSpec
+from meg.template import prompt_ids, render_ids
+from tasks.worker import chat_frame_of
 from workloads.datasets import TaskItem
 from workloads.tiny_model import build_tiny_model, load_tokenizer
 from workloads.warm_start import _encode, reference_pairs, warm_start
@@ -41,6 +43,30 @@ def test_prompts_are_encoded_exactly_like_the_rollout(tmp_path: Path) -> None:
         enc,
         eos_id=tok.eos_token_id,
         newline_ids=enc("\n"),
+    )
+    n_prompt = int((mask[0] == 0).sum())
+    assert ids[0, :n_prompt].tolist() == expected
+
+
+def test_chat_nodes_are_taught_inside_the_rollouts_chat_frame(tmp_path: Path) -> None:
+    """A `chat:` node's examples carry the same framing ids the rollout puts around them."""
+    model = build_tiny_model(tmp_path / "m", vocab=300)
+    tok = load_tokenizer(model)
+    spec = load_config("math-chain", check_models=False)
+    solver = next(iter(spec.nodes))
+    node = spec.nodes[solver].model_copy(update={"chat": ChatSpec(system="Be brief.")})
+    spec = spec.model_copy(update={"nodes": {**spec.nodes, solver: node}})
+    ex = reference_pairs(spec, TaskItem("t", "3+4", "7"), random.Random(1))[0]
+    assert ex.chat == node.chat
+    ids, mask = _encode(tok, [ex])
+
+    def enc(t: str) -> list[int]:
+        return list(tok(t, add_special_tokens=False)["input_ids"])
+
+    frame = chat_frame_of(node, str(model))
+    assert frame is not None and frame[0] and frame[1]
+    expected = prompt_ids(
+        ex.template, frame, ex.question, {}, enc, eos_id=tok.eos_token_id, newline_ids=enc("\n")
     )
     n_prompt = int((mask[0] == 0).sum())
     assert ids[0, :n_prompt].tolist() == expected
