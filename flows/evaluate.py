@@ -54,7 +54,7 @@ class EvalParams(BaseModel):
     config: str = Field(
         "math-chain",
         description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
-        "critic-debate, word-problems)",
+        "critic-debate, word-problems, longtail)",
     )
     checkpoint: str | None = Field(
         None,

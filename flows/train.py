@@ -43,7 +43,7 @@ class TrainParams(BaseModel):
     config: str = Field(
         "math-chain",
         description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
-        "critic-debate, word-problems)",
+        "critic-debate, word-problems, longtail)",
     )
     mode: Literal["sync", "flex", "async"] | None = Field(
         None, description="sync (barrier per step), flex (zero staleness), async (η steps)"

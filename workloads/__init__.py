@@ -15,6 +15,7 @@ BUILTIN = {
     "fanout": _HERE / "fanout.yaml",
     "critic-debate": _HERE / "critic_debate.yaml",
     "word-problems": _HERE / "word_problems.yaml",
+    "longtail": _HERE / "longtail.yaml",
 }
 
 

@@ -21,14 +21,7 @@ import threading
 from typing import Any
 
 from workloads.datasets import TaskItem
-from workloads.rewards import (
-    EpisodeView,
-    SampleView,
-    _nothing,
-    _param,
-    judge_verdict,
-    register_reward,
-)
+from workloads.rewards import answer_reward, verdict_reward
 
 MATH_MAX_CHARS = 256
 _MATH_LOCK = threading.Lock()  # sympy and the latex parser: one parse at a time per process
@@ -121,23 +114,14 @@ def math_correct(text: str, task: TaskItem) -> bool:
     return _math_equal(math_reference(task.answer), text)
 
 
-@register_reward("math_answer", reads=_nothing)
-def math_answer(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
-    """1 if the final answer math-verify parses from the response equals the reference."""
-    return float(math_correct(sample.text, task))
-
-
-@register_reward("math_verdict", reads=_param("target"))
-def math_verdict(
-    sample: SampleView,
-    episode: EpisodeView,
-    task: TaskItem,
-    *,
-    target: str,
-    yes: str = "yes",
-    no: str = "no",
-    **_: Any,
-) -> float:
-    """1 if the verifier says `yes` to a `target` parent whose answer math-verify finds
-    right, or `no` to a wrong one; 0 for anything else (`verdict` with `math_correct`)."""
-    return judge_verdict(sample, episode, task, "math_verdict", target, yes, no, math_correct)
+math_answer = answer_reward(
+    "math_answer",
+    math_correct,
+    "1 if the final answer math-verify parses from the response equals the reference.",
+)
+math_verdict = verdict_reward(
+    "math_verdict",
+    math_correct,
+    "1 if the verifier says `yes` to a `target` parent whose answer math-verify finds right, "
+    "or `no` to a wrong one; 0 for anything else (`verdict` with `math_correct`).",
+)

@@ -158,25 +158,47 @@ def is_correct(text: str, task: TaskItem) -> bool:
     return extract_answer(text) == task.answer.strip()
 
 
-@register_reward("exact_answer", reads=_nothing)
-def exact_answer(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
-    """1 if the first integer of the response equals the reference answer."""
-    return float(is_correct(sample.text, task))
+Correct = Callable[[str, TaskItem], bool]
 
 
-@register_reward("verdict", reads=_param("target"))
-def verdict(
-    sample: SampleView,
-    episode: EpisodeView,
-    task: TaskItem,
-    *,
-    target: str,
-    yes: str = "yes",
-    no: str = "no",
-    **_: Any,
-) -> float:
-    """1 if the verifier says `yes` to a correct `target` parent answer or `no` to a wrong one."""
-    return judge_verdict(sample, episode, task, "verdict", target, yes, no, is_correct)
+def answer_reward(name: str, correct: Correct, doc: str) -> RewardFn:
+    """Register `name`: 1 when `correct(response, task)`, else 0 (reads nothing else)."""
+
+    def fn(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
+        return float(correct(sample.text, task))
+
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return register_reward(name, reads=_nothing)(fn)
+
+
+def verdict_reward(name: str, correct: Correct, doc: str) -> RewardFn:
+    """Register `name`: the verdict rule (`judge_verdict`) with `correct` as the notion of
+    a right answer; params `target` (the judged node), `yes`, `no`."""
+
+    def fn(
+        sample: SampleView,
+        episode: EpisodeView,
+        task: TaskItem,
+        *,
+        target: str,
+        yes: str = "yes",
+        no: str = "no",
+        **_: Any,
+    ) -> float:
+        return judge_verdict(sample, episode, task, name, target, yes, no, correct)
+
+    fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
+    return register_reward(name, reads=_param("target"))(fn)
+
+
+exact_answer = answer_reward(
+    "exact_answer", is_correct, "1 if the first integer of the response equals the reference."
+)
+verdict = verdict_reward(
+    "verdict",
+    is_correct,
+    "1 if the verifier says `yes` to a correct `target` parent answer or `no` to a wrong one.",
+)
 
 
 def judge_verdict(
@@ -187,7 +209,7 @@ def judge_verdict(
     target: str,
     yes: str,
     no: str,
-    correct: Callable[[str, TaskItem], bool],
+    correct: Correct,
 ) -> float:
     """The verdict rule, for any notion of a correct answer: 1 when the sample's first word
     (trailing punctuation dropped) is `yes` and its `target` parent is `correct`, or `no`

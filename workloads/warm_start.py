@@ -102,7 +102,13 @@ REFERENCES.add("math_answer", _math_answer, shown=_math_shown)
 REFERENCES.add("math_verdict", _math_verdict)
 
 # Optimizer steps per built-in workload: enough for the format, not for the arithmetic.
-PRESET_STEPS = {"math-chain": 100, "debate": 100, "fanout": 100, "word-problems": 180}
+PRESET_STEPS = {
+    "math-chain": 100,
+    "debate": 100,
+    "fanout": 100,
+    "word-problems": 180,
+    "longtail": 200,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from flows.cli import main
 
 
 @pytest.mark.parametrize(
-    "workload", ["math-chain", "debate", "fanout", "critic-debate", "word-problems"]
+    "workload", ["math-chain", "debate", "fanout", "critic-debate", "word-problems", "longtail"]
 )
 def test_meg_show_and_validate_every_builtin(
     workload: str, capsys: pytest.CaptureFixture[str]

@@ -15,6 +15,7 @@ from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tests.flows.conftest import write_config
 from workloads import BUILTIN
+from workloads.datasets import TaskItem
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +113,21 @@ def test_word_problems_train_with_math_verify_rewards_in_worker_threads(
     for parents in revise.parent_ids:
         v, s = str(parents).split(",")
         assert verify_parent[v] == s  # the answer shown is the one this verdict judged
+
+
+def test_longtail_trains_and_scores_lists(tmp_path: Path, tiny_model: str, cluster: str) -> None:
+    """The long-tail MEG on a real cluster: its plug-in's rewards score every row."""
+    from transformers import AutoTokenizer
+
+    from workloads.longtail import sequence_correct
+
+    _, store = train_builtin("longtail", tiny_model, tmp_path, cluster)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    count = store.table("counter").read(step=1)
+    assert len(count) == 2 * 4 and len(store.table("checker").read(step=1)) == 2 * 4 * 2
+    for i in range(len(count)):
+        prompt = tok.decode(count.prompt(i).tolist())  # "Q: list a..b\nA:"
+        lo, hi = prompt.removeprefix("Q: list ").removesuffix("\nA:").split("..")
+        task = TaskItem("t", "", " ".join(str(x) for x in range(int(lo), int(hi) + 1)))
+        text = tok.decode(count.response(i).tolist(), skip_special_tokens=True)
+        assert count.reward[i] == float(sequence_correct(text, task))
