@@ -209,7 +209,8 @@ def validate(
                         f"model directory {path!r} does not exist (a relative path is looked "
                         "up next to the MEG file, then in the current directory "
                         f"{Path.cwd()}). Build a tiny local model "
-                        f"with `flexmarl tiny-model {path}`, or write `hf://ORG/NAME` for a "
+                        f"with `flexmarl tiny-model {path} --warm-start {source}` (seeded, "
+                        "then warm-started on this MEG's format), or write `hf://ORG/NAME` for a "
                         "Hugging Face hub model",
                         f"agents.{name}.{fld}",
                     )
