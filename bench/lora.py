@@ -42,9 +42,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import train_run
 from bench.e2e import steady_state
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
-from flows.train import TrainParams, train
 from flows.weights_report import model_parameters
 from workloads import BUILTIN
 
@@ -88,14 +88,7 @@ def run_arm(arm: str, cfg: Path, run_dir: Path, memory_limit: str = "auto") -> d
     from distributed import Client
 
     with dask_cluster(ClusterConfig(memory_limit=memory_limit)) as workers:
-        out = train(
-            TrainParams(
-                config=str(cfg),
-                run_dir=str(run_dir),
-                export_final=False,
-                cluster=ClusterConfig(scheduler=workers.address),
-            )
-        )
+        out = train_run(cfg, run_dir, workers.address)
         with Client(workers.address) as client:  # read while the workers still live
             info = client.scheduler_info(n_workers=-1)["workers"]
             addr = {w["name"]: a for a, w in info.items()}

@@ -36,6 +36,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import write_results
 from flows.cli import main as cli
 from flows.cluster import prefect_api
 from flows.evaluate import EvalParams, evaluate
@@ -174,9 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         setup = Setup(args.warm_steps, args.steps, args.episodes, args.eval_limit, args.repeats)
         results = run(seeds, setup, Path(tmp))
     render(results)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=2))
-    print(f"results written to {args.json}")
+    write_results(results, args.json)
     return results
 
 

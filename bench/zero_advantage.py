@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -30,6 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import write_results
 from bench.training import SIZES, Size, build_model, make_batch
 from engines.training.batch import TrainMicroBatch
 from engines.training.trainer import AgentTrainer, TrainConfig
@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fractions = [float(f) for f in args.fractions.split(",")]
     res = run("small" if args.small else "full", fractions, args.threads)
     render(res)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(res, indent=2))
-    print(f"results written to {args.json}")
+    write_results(res, args.json)
     return res
 
 
