@@ -36,8 +36,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import train_run, write_results
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
-from flows.train import TrainParams, train
 from workloads import BUILTIN
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -123,15 +123,7 @@ def run(
             for r in range(repeats):
                 for arm, kw in ARMS.items():
                     run_dir = work / f"{wl}-{arm}-{r}"
-                    out = train(
-                        TrainParams(
-                            config=str(cfg),
-                            run_dir=str(run_dir),
-                            export_final=False,
-                            cluster=ClusterConfig(scheduler=workers.address),
-                            **kw,
-                        )
-                    )
+                    out = train_run(cfg, run_dir, workers.address, **kw)
                     runs[arm].append(steady_state(out, run_dir))
                     if pictures is not None and arm in ("sync", "flex"):
                         pictures.mkdir(parents=True, exist_ok=True)
@@ -206,8 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     render(results)
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(results, indent=2))
+        write_results(results, a.json)
     return results
 
 

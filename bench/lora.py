@@ -42,7 +42,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import train_run
+from bench.common import train_run, write_results
 from bench.e2e import steady_state
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
 from flows.weights_report import model_parameters
@@ -234,8 +234,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results = run(str(model), steps, episodes, Path(tmp), a.repeats, arms, a.memory_limit)
     render(results)
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(results, indent=2))
+        write_results(results, a.json)
     return results
 
 

@@ -25,6 +25,19 @@ pytestmark = pytest.mark.slow
 MARK = 0.25  # a reward value no built-in function returns: proof the plugin scored
 
 
+def train_two_steps(meg: Path, run_dir: Path, scheduler: str) -> dict:
+    """Two steps of `meg` on the cluster at `scheduler`, no final export."""
+    return train(
+        TrainParams(
+            config=str(meg),
+            steps=2,
+            run_dir=str(run_dir),
+            cluster=ClusterConfig(scheduler=scheduler),
+            export_final=False,
+        )
+    )
+
+
 def starter(tmp_path: Path, name: str, tiny_model: str) -> Path:
     assert main(["init", str(tmp_path / name), "--model", tiny_model]) == 0
     meg = tmp_path / name / f"{name}.yaml"
@@ -55,15 +68,7 @@ def test_starter_workload_trains_on_a_local_cluster(
     assert "valid MEG 'mine'" in capsys.readouterr().out
     assert main(["init", str(tmp_path / "mine")]) == 2  # never overwrites
     assert "not empty" in capsys.readouterr().err
-    out = train(
-        TrainParams(
-            config=str(meg),
-            steps=2,
-            run_dir=str(tmp_path / "run"),
-            cluster=ClusterConfig(scheduler=cluster),
-            export_final=False,
-        )
-    )
+    out = train_two_steps(meg, tmp_path / "run", cluster)
     check_run(out, "mine")
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["spec"]["plugins"] == [str((tmp_path / "mine" / "mine_rewards.py").resolve())]
@@ -162,13 +167,5 @@ def test_starter_workload_trains_where_workers_cannot_see_the_driver_directory(
         seen = client.run(visible)
     assert all(not found for found, _ in seen.values())  # the module is not theirs to import
     assert all(cwd != os.getcwd() for _, cwd in seen.values())
-    out = train(
-        TrainParams(
-            config=str(meg),
-            steps=2,
-            run_dir=str(tmp_path / "run"),
-            cluster=ClusterConfig(scheduler=foreign_cluster),
-            export_final=False,
-        )
-    )
+    out = train_two_steps(meg, tmp_path / "run", foreign_cluster)
     check_run(out, "theirs")
