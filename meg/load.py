@@ -196,6 +196,9 @@ def validate(
         if node_name not in spec.nodes:
             raise fail(f"unknown node {node_name!r}", "team_nodes")
     check_agents(spec, fail, known_losses or {})
+    problem = april_problem(spec)
+    if problem:
+        raise fail(problem, "run.rollout")
     ds = spec.dataset
     if (ds.generator is None) == (ds.url is None):
         raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")
@@ -215,6 +218,24 @@ def validate(
                         f"agents.{name}.{fld}",
                     )
     return spec
+
+
+def april_problem(spec: MEGSpec) -> str | None:
+    """Why APRIL cannot cut this MEG's episodes (None: it can, or it is not used).
+
+    An episode is cut at its root node: only there is nothing of it committed or scored yet
+    (a sibling scored by its own reward would be trained twice if the episode were carried).
+    So the graph needs exactly one node without inputs."""
+    if not spec.run.rollout.carries:
+        return None
+    roots = [n for n, node in spec.nodes.items() if not node.inputs]
+    if len(roots) != 1:
+        return (
+            f"the april rollout policy cuts episodes at the MEG's root node, and this graph has "
+            f"{len(roots)} nodes without inputs ({', '.join(roots)}); use `policy: full`, or "
+            "give the graph a single entry node"
+        )
+    return None
 
 
 def check_agents(

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
+
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
 
 
@@ -280,6 +282,16 @@ class RunSpec(_Frozen):
         2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
     )
     seed: int = 0
+    rollout: RolloutPolicy = Field(
+        FullRollout(),
+        description="How a step's episodes are launched and cut: `full` (default) or `april` "
+        "(over-provisioned, unfinished samples carried to the next step). See meg/policies.py.",
+    )
+    select: SelectPolicy = Field(
+        AllPrompts(),
+        description="Which planned prompts are rolled out: `all` (default) or `greso` (skip "
+        "prompts whose recent groups all got one reward).",
+    )
 
 
 class MEGSpec(_Frozen):

@@ -38,18 +38,20 @@ class SegmentInfo:
     committed_at: float
 
 
+# kind -> suffix of its segment ids; "carry": rows a step cut and handed to the next one
+KIND_SUFFIX = {"rows": "", "scores": SCORES_SUFFIX, "carry": ".carry"}
+
+
 def segment_id_for(key: SegmentKey, kind: str) -> str:
-    return key.id + (SCORES_SUFFIX if kind == "scores" else "")
+    return key.id + KIND_SUFFIX[kind]
 
 
 def parse_segment_id(segment_id: str) -> tuple[SegmentKey, str]:
     """Inverse of :func:`segment_id_for`: ``(key, kind)``; ValueError if malformed."""
-    base, scores = (
-        (segment_id[: -len(SCORES_SUFFIX)], True)
-        if segment_id.endswith(SCORES_SUFFIX)
-        else (segment_id, False)
-    )
-    return SegmentKey.parse(base), "scores" if scores else "rows"
+    for kind, suffix in KIND_SUFFIX.items():
+        if suffix and segment_id.endswith(suffix):
+            return SegmentKey.parse(segment_id[: -len(suffix)]), kind
+    return SegmentKey.parse(segment_id), "rows"
 
 
 def dumps(obj: dict[str, Any]) -> bytes:

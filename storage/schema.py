@@ -3,7 +3,10 @@
 A table row is one sampled response of one node invocation. Token sequences are ragged,
 so they are stored as flat values plus offsets (Zarr has no ragged arrays):
 ``response(i) = response_ids[response_offsets[i]:response_offsets[i + 1]]``.
-Behaviour logprobs share the response offsets, one float per response token.
+Behaviour logprobs share the response offsets, one float per response token, and so do
+token versions: the policy version that generated each response token. They differ from the
+row's ``policy_version`` only in a sample that was cut and continued in a later step under
+newer weights (the `april` rollout policy): its prefix keeps the version that wrote it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # 2: same-dtype columns packed into 2-D arrays (storage/segments.py)
+SCHEMA_VERSION = 3  # 2: same-dtype columns packed into 2-D arrays; 3: token_versions
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9_@-]+$")
 _ID_RE = re.compile(r"^k(\d{6,})-m(\d{4,})-([A-Za-z0-9_@-]+)$")
@@ -66,6 +69,7 @@ FLAT = {
     "prompt_ids": np.int32,
     "response_ids": np.int32,
     "logprobs": np.float32,
+    "token_versions": np.int64,
     "prompt_offsets": np.int64,
     "response_offsets": np.int64,
 }
@@ -111,6 +115,7 @@ class SampleBatch:
     response_ids: np.ndarray  # (R,) int32 flat
     response_offsets: np.ndarray  # (N+1,) int64
     logprobs: np.ndarray  # (R,) float32, behaviour logprob per response token
+    token_versions: np.ndarray  # (R,) int64, policy version that generated each response token
     reward: np.ndarray  # (N,) float32, NaN until scored
     advantage: np.ndarray  # (N,) float32, NaN until scored
     finish_reason: np.ndarray  # (N,) str "stop" | "length"
@@ -129,16 +134,17 @@ class SampleBatch:
                 raise ValueError(
                     f"column {name} must have shape ({n},) like sample_id, got {arr.shape}"
                 )
-        for name in ("prompt_ids", "response_ids", "logprobs"):
+        for name in ("prompt_ids", "response_ids", "logprobs", "token_versions"):
             if getattr(self, name).ndim != 1:
                 raise ValueError(f"column {name} must be flat (1-d)")
         _check_offsets("prompt_offsets", self.prompt_offsets, n, len(self.prompt_ids))
         _check_offsets("response_offsets", self.response_offsets, n, len(self.response_ids))
-        if len(self.logprobs) != len(self.response_ids):
-            raise ValueError(
-                f"logprobs must have one value per response token ({len(self.response_ids)}), "
-                f"got {len(self.logprobs)}"
-            )
+        for name in ("logprobs", "token_versions"):
+            if len(getattr(self, name)) != len(self.response_ids):
+                raise ValueError(
+                    f"{name} must have one value per response token "
+                    f"({len(self.response_ids)}), got {len(getattr(self, name))}"
+                )
         if n and len(np.unique(self.sample_id)) != n:
             raise ValueError("sample_id must be unique within a batch")
 
@@ -153,6 +159,17 @@ class SampleBatch:
 
     def logprob(self, i: int) -> np.ndarray:
         return self.logprobs[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    def token_version(self, i: int) -> np.ndarray:
+        return self.token_versions[self.response_offsets[i] : self.response_offsets[i + 1]]
+
+    @property
+    def carried_tokens(self) -> np.ndarray:
+        """(N,) response tokens of each row generated before the row's own version (by an
+        earlier policy, before the sample was cut and continued)."""
+        older = self.token_versions < np.repeat(self.policy_version, self.response_lengths)
+        counts = np.concatenate([[0], np.cumsum(older, dtype=np.int64)])
+        return counts[self.response_offsets[1:]] - counts[self.response_offsets[:-1]]
 
     @property
     def response_lengths(self) -> np.ndarray:
@@ -177,7 +194,7 @@ class SampleBatch:
             cols[name] = getattr(self, name)[idx]
         for values, offsets, extra in (
             ("prompt_ids", "prompt_offsets", ()),
-            ("response_ids", "response_offsets", ("logprobs",)),
+            ("response_ids", "response_offsets", ("logprobs", "token_versions")),
         ):
             off = getattr(self, offsets)
             parts = [np.arange(off[i], off[i + 1]) for i in idx]
@@ -214,7 +231,8 @@ class SampleBatch:
     def from_rows(rows: Sequence[Mapping[str, Any]]) -> SampleBatch:
         """Build from row dicts; token fields are int lists, ``parent_ids`` a list or str.
 
-        Missing reward/advantage default to NaN, timings to 0.0, parents to roots.
+        Missing reward/advantage default to NaN, timings to 0.0, parents to roots, token
+        versions to the row's policy version.
         """
         n = len(rows)
 
@@ -235,6 +253,14 @@ class SampleBatch:
         prompt_ids, prompt_offsets = ragged("prompt_ids", np.int32)
         response_ids, response_offsets = ragged("response_ids", np.int32)
         logprobs, _ = ragged("logprobs", np.float32)
+        versions = [
+            r.get("token_versions", [r["policy_version"]] * len(r["response_ids"])) for r in rows
+        ]
+        token_versions = (
+            np.concatenate([np.asarray(v, np.int64) for v in versions])
+            if versions
+            else np.zeros(0, np.int64)
+        )
         parents = [p if isinstance(p, str) else ",".join(p) for p in col("parent_ids", "")]
         return SampleBatch(
             sample_id=np.asarray(col("sample_id"), np.str_).reshape(n),
@@ -249,6 +275,7 @@ class SampleBatch:
             response_ids=response_ids,
             response_offsets=response_offsets,
             logprobs=logprobs,
+            token_versions=token_versions,
             reward=np.asarray(col("reward", np.nan), np.float32).reshape(n),
             advantage=np.asarray(col("advantage", np.nan), np.float32).reshape(n),
             finish_reason=np.asarray(col("finish_reason", "stop"), np.str_).reshape(n),

@@ -1,9 +1,9 @@
-"""Encode and decode one segment attempt as a Zarr v3 group (schema_version 2).
+"""Encode and decode one segment attempt as a Zarr v3 group (schema_version 3).
 
 Layout: zarr costs ~1 ms of Python per *array* (metadata, codec pipeline, event-loop hops)
 and little per byte at segment sizes, so columns that share a dtype and a length are packed
 as the rows of one 2-D array: ``row_int64[k]`` is column ``row_int64.attrs["columns"][k]``.
-A rows segment is 8 arrays (17 columns), a score segment 2. Ragged token values stay 1-D.
+A rows segment is 9 arrays (18 columns), a score segment 2. Ragged token values stay 1-D.
 
 Every array is one chunk (a segment is one task's output: ~10²-10⁴ rows), stored
 uncompressed with a CRC32C checksum: random-looking token ids barely compress, and the
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import zarr.api.asynchronous as za
 from zarr.abc.store import Store
-from zarr.codecs import Crc32cCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.buffer import Buffer
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
@@ -43,9 +43,11 @@ ROWS_LAYOUT: Layout = {
     "prompt_ids": None,  # (P,) int32
     "response_ids": None,  # (R,) int32
     "logprobs": None,  # (R,) float32
+    "token_versions": None,  # (R,) int64, zstd: one run of equal values per row, ~free
 }
+COMPRESSED = frozenset({"token_versions"})
 SCORES_LAYOUT: Layout = {"strings": ("sample_id",), "row_float32": ("reward", "advantage")}
-LAYOUTS: dict[str, Layout] = {"rows": ROWS_LAYOUT, "scores": SCORES_LAYOUT}
+LAYOUTS: dict[str, Layout] = {"rows": ROWS_LAYOUT, "scores": SCORES_LAYOUT, "carry": ROWS_LAYOUT}
 
 
 def pack(columns: Mapping[str, np.ndarray], layout: Layout) -> dict[str, np.ndarray]:
@@ -89,7 +91,7 @@ async def _encode(
             shape=values.shape,
             dtype=str if is_str else values.dtype,
             chunks=tuple(max(1, s) for s in values.shape),
-            compressors=[Crc32cCodec()],
+            compressors=[ZstdCodec(), Crc32cCodec()] if name in COMPRESSED else [Crc32cCodec()],
             fill_value="" if is_str else 0,
             attributes={} if cols is None else {"columns": list(cols)},
             config={"write_empty_chunks": True},  # every chunk is a file: none is implied
@@ -164,7 +166,7 @@ def read_many(jobs: list[tuple[Store, str, int]], kind: str) -> list[Any]:
     Returns SampleBatch per job for kind "rows", a column dict per job for "scores".
     """
     layout = LAYOUTS[kind]
-    finish = _rows if kind == "rows" else _scores
+    finish = _scores if kind == "scores" else _rows
 
     async def all_jobs() -> list[dict[str, np.ndarray]]:
         return await asyncio.gather(*(_read_checked(s, w, layout) for s, w, _ in jobs))

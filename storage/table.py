@@ -77,14 +77,29 @@ class Table:
         )
 
     # -- writing -------------------------------------------------------------------------
-    def write_segment(self, key: SegmentKey, batch: SampleBatch) -> SegmentRef:
-        """Commit ``batch`` as segment ``key``; a retry of a committed key returns the first."""
+    def write_segment(
+        self, key: SegmentKey, batch: SampleBatch, *, kind: str = "rows"
+    ) -> SegmentRef:
+        """Commit ``batch`` as segment ``key``; a retry of a committed key returns the first.
+
+        ``kind="carry"``: the rows (step, micro-batch) of a node cut before they were done
+        and handed to the next step (partial rollouts). They are never part of ``read``; only
+        ``read_carry`` returns them."""
+        if kind not in ("rows", "carry"):
+            raise StoreError(f"row segments are of kind 'rows' or 'carry', got {kind!r}")
         if len(batch) and (np.any(batch.step != key.step) or np.any(batch.node != key.node)):
             raise StoreError(
                 f"rows for segment {key.id} must all have step={key.step} and node={key.node!r}"
             )
         versions = tuple(int(v) for v in np.unique(batch.policy_version))
-        return self._commit(key, "rows", len(batch), versions, batch.columns())
+        return self._commit(key, kind, len(batch), versions, batch.columns())
+
+    def read_carry(self, key: SegmentKey) -> SampleBatch | None:
+        """The rows ``key`` carried to the next step, or None if it committed no carry."""
+        info = self.has_segment(key, kind="carry")
+        if info is None:
+            return None
+        return seg.read_many([self._job(info)], "carry")[0]
 
     def write_scores(
         self, key: SegmentKey, sample_ids: Any, reward: Any, advantage: Any
@@ -156,8 +171,8 @@ class Table:
         """The committed segment ``key`` (of ``kind``), or None: one small object read, no
         listing — the cheap "already committed by an earlier attempt?" check for a task."""
         self.store.check_process()
-        if kind not in ("rows", "scores"):
-            raise StoreError(f"segment kind must be 'rows' or 'scores', got {kind!r}")
+        if kind not in ("rows", "scores", "carry"):
+            raise StoreError(f"segment kind must be 'rows', 'scores' or 'carry', got {kind!r}")
         return self._maybe_info(segment_id_for(key, kind))
 
     def segments(

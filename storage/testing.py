@@ -51,6 +51,7 @@ def synthetic_batch(
         response_ids=rng.integers(0, vocab, int(r_len.sum())),
         response_offsets=np.concatenate([[0], np.cumsum(r_len)]),
         logprobs=-rng.exponential(1.0, int(r_len.sum())),
+        token_versions=np.repeat(np.full(n, key.step if version is None else version), r_len),
         reward=np.full(n, np.nan),
         advantage=np.full(n, np.nan),
         finish_reason=np.where(r_len == response_len, "length", "stop"),

@@ -145,6 +145,7 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
                 "grad_norm": result.grad_norm,
                 "mode": ctx.mode,
                 "staleness": ctx.staleness,
+                "max_carry": ctx.spec.run.rollout.carry_limit,  # april widens the rule
                 "rows": sum(t.rows for t in trains),
                 "trained": [[j, tok, seq] for j, (tok, seq) in sorted(result.parts.items())],
                 # ratio, clip and IS diagnostics, the zero-advantage fraction skipped (finite

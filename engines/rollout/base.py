@@ -13,6 +13,12 @@ T = 1 policy while the sampler follows another one.
 Response ids include the stop token when generation stops on EOS or a stop id (so the
 trainer learns to stop); `finish_reason` is "stop" in that case and "length" when the
 token budget (or the model context) ran out.
+
+A `Cut` stops a batch before every request ends (the `april` rollout policy): requests are
+grouped by episode, and once `quota` groups have every request finished (and every group in
+`must_finish` too), the rest stop where they are, with finish_reason "partial" and the tokens
+and logprobs they have so far. Both backends decide it after each decode step, so the cut is
+a function of the tokens drawn, never of wall-clock time: a re-run cuts at the same place.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from torch import Tensor
 from engines.families import max_positions
 from meg.registry import Registry
 
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "partial")
 
 
 class RolloutError(Exception):
@@ -91,6 +97,59 @@ class Completion:
 
 
 @dataclass(frozen=True, slots=True)
+class Cut:
+    """Stop early once enough groups are complete (see the module docstring).
+
+    With a cut every prompt is one request (`SamplingParams.n == 1`): a group's samples are
+    separate prompts, so a continued sample can carry its own prefix and budget."""
+
+    groups: tuple[int, ...]  # the group (episode) of each prompt
+    quota: int  # stop once this many groups have every request finished ...
+    must_finish: frozenset[int] = frozenset()  # ... and every one of these groups
+    max_tokens: tuple[int, ...] = ()  # new-token budget per prompt; () = params.max_tokens
+
+    def check(self, n_prompts: int, params: SamplingParams) -> None:
+        if params.n != 1:
+            raise BadRequestError(f"a Cut needs one request per prompt (n=1), got n={params.n}")
+        if len(self.groups) != n_prompts:
+            raise BadRequestError(
+                f"Cut.groups has {len(self.groups)} entries for {n_prompts} prompts"
+            )
+        if self.max_tokens and len(self.max_tokens) != n_prompts:
+            raise BadRequestError(
+                f"Cut.max_tokens has {len(self.max_tokens)} entries for {n_prompts} prompts"
+            )
+        if any(t < 1 for t in self.max_tokens):
+            raise BadRequestError("Cut.max_tokens must all be >= 1")
+
+    def budget(self, i: int, prompt_len: int, params: SamplingParams, context: int) -> int:
+        limit = self.max_tokens[i] if self.max_tokens else params.max_tokens
+        return min(limit, context - prompt_len)
+
+
+class CutTracker:
+    """Counts finished requests per group; `reached()` once the cut may happen."""
+
+    def __init__(self, cut: Cut) -> None:
+        self.cut = cut
+        self.left: dict[int, int] = {}
+        for g in cut.groups:
+            self.left[g] = self.left.get(g, 0) + 1
+        self.complete = 0
+
+    def finish(self, i: int) -> None:
+        g = self.cut.groups[i]
+        self.left[g] -= 1
+        if self.left[g] == 0:
+            self.complete += 1
+
+    def reached(self) -> bool:
+        return self.complete >= self.cut.quota and all(
+            self.left.get(g, 0) == 0 for g in self.cut.must_finish
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterServing:
     """What an engine must know up front to serve LoRA adapters on its base: how many
     adapters may be resident at once (the agents sharing the base; one more is loaded
@@ -123,8 +182,10 @@ class RolloutBackend(Protocol):
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         adapter: str | None = None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
-        """Return completions indexed [prompt][sample] (len(prompts) × params.n)."""
+        """Return completions indexed [prompt][sample] (len(prompts) × params.n); with a
+        `cut`, requests still running when it is reached come back "partial"."""
         ...
 
     def load_adapter(self, name: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:

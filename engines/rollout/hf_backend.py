@@ -30,6 +30,8 @@ from engines.rollout.base import (
     AdapterError,
     AdapterServing,
     Completion,
+    Cut,
+    CutTracker,
     SamplingParams,
     budget,
     check_model_dir,
@@ -120,17 +122,26 @@ class HFBackend:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         adapter: str | None = None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
         check_prompts(prompts, self._context, self._vocab)
+        if cut is not None:
+            cut.check(len(prompts), params)
         with self._using(adapter):
-            return self._sample(prompts, params) if prompts else []
+            return self._sample(prompts, params, cut) if prompts else []
 
     @torch.no_grad()
     def _sample(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, cut: Cut | None = None
     ) -> list[list[Completion]]:
         rows = [list(p) for p in prompts for _ in range(params.n)]  # R = P * n
-        budgets = [budget(len(r), params, self._context) for r in rows]
+        budgets = [
+            cut.budget(i, len(r), params, self._context)
+            if cut is not None
+            else budget(len(r), params, self._context)
+            for i, r in enumerate(rows)
+        ]
+        tracker = CutTracker(cut) if cut is not None else None
         stop = set(self._eos) | set(params.stop_token_ids)
         gen = None
         if params.seed is not None:
@@ -160,7 +171,9 @@ class HFBackend:
                     reason[r] = "stop"
                 elif len(toks[r]) >= budgets[r]:
                     reason[r] = "length"
-            if all(x is not None for x in reason):
+                if reason[r] is not None and tracker is not None:
+                    tracker.finish(r)
+            if all(x is not None for x in reason) or (tracker is not None and tracker.reached()):
                 break
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)  # (R, L+t+1)
             out = self.model(
@@ -173,8 +186,9 @@ class HFBackend:
             past, logits = out.past_key_values, out.logits[:, -1].float()
             next_pos = next_pos + 1
 
+        unfinished = "partial" if cut is not None else "length"
         comps = [
-            Completion(tuple(t), tuple(lp), r or "length")
+            Completion(tuple(t), tuple(lp), r or unfinished)
             for t, lp, r in zip(toks, lps, reason, strict=True)
         ]
         return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]

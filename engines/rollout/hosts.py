@@ -36,6 +36,7 @@ from torch import Tensor
 from engines.rollout.base import (
     AdapterServing,
     Completion,
+    Cut,
     HostCrashedError,
     RolloutBackend,
     RolloutError,
@@ -80,22 +81,31 @@ class Host:
         return self.ensure_version(version, lambda: loader()[0])
 
     def _generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        agent: str | None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
-        return self.backend.generate(prompts, params)
+        return self.backend.generate(prompts, params, cut=cut)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        agent: str | None = None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
         """Serialized per host (backends are not thread-safe); counts outstanding tokens.
-        `agent` picks the adapter on a shared base (ignored by a full-weight host)."""
+        `agent` picks the adapter on a shared base (ignored by a full-weight host); `cut`
+        may stop the batch early (`engines.rollout.base.Cut`)."""
         est = len(prompts) * params.n * params.max_tokens
         self._add_outstanding(est)
         try:
             with self._lock:
                 if self.crashed:
                     raise HostCrashedError(f"host of agent {self.agent!r} has crashed")
-                return self._generate(prompts, params, agent)
+                return self._generate(prompts, params, agent, cut)
         except HostCrashedError:
             self.crashed = True
             raise
@@ -151,10 +161,15 @@ class AdapterHost(Host):
             return True
 
     def _generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: str | None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        agent: str | None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
         loaded = self.adapters.get(agent) if agent is not None else None
-        return self.backend.generate(prompts, params, adapter=loaded[1] if loaded else None)
+        adapter = loaded[1] if loaded else None
+        return self.backend.generate(prompts, params, adapter=adapter, cut=cut)
 
 
 _HOSTS: dict[str, Host] = {}

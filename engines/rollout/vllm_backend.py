@@ -64,6 +64,8 @@ from engines.rollout.base import (
     AdapterError,
     AdapterServing,
     Completion,
+    Cut,
+    CutTracker,
     HostCrashedError,
     RolloutError,
     SamplingParams,
@@ -127,6 +129,7 @@ def lora_rank_bucket(rank: int) -> int:
 
 
 _LORA_IDS = itertools.count(1)  # vLLM wants ids > 0, unique per adapter
+_REQUESTS = itertools.count()  # request ids of the step-driven (cut) path
 
 
 def lora_architecture_problem(model_dir: Path) -> str | None:
@@ -246,14 +249,19 @@ class VLLMBackend:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams,
         adapter: str | None = None,
+        cut: Cut | None = None,
     ) -> list[list[Completion]]:
         check_prompts(prompts, self._context, self._vocab)
+        if cut is not None:
+            cut.check(len(prompts), params)
         lora = None if adapter is None else self._lora(adapter)
         if not prompts:
             return []
         inputs: Any = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         sps = self.request_params(prompts, params)
         try:
+            if cut is not None:
+                return self._generate_cut(inputs, sps, cut, lora, params)
             outs = self.llm.generate(inputs, sps, use_tqdm=False, lora_request=lora)
         except RolloutError:
             raise
@@ -272,6 +280,44 @@ class VLLMBackend:
                     Completion(ids, sampled_logprobs(c.logprobs, ids), str(c.finish_reason))
                 )
             result.append(comps)
+        return result
+
+    def _generate_cut(
+        self, inputs: list[Any], sps: list[Any], cut: Cut, lora: Any, params: SamplingParams
+    ) -> list[list[Completion]]:
+        """Drive the engine step by step and abort what is left once the cut is reached.
+
+        `LLM.generate` runs the same loop (`engine.step()` until no request is left); here
+        each step's cumulative outputs are kept, so an aborted request returns the tokens and
+        logprobs it had. Request ids are unique per call (`_REQUESTS`)."""
+        engine = self.llm.llm_engine
+        tracker = CutTracker(cut)
+        ids = [f"flexmarl-cut-{next(_REQUESTS)}" for _ in inputs]
+        index = {rid: i for i, rid in enumerate(ids)}
+        for i, (rid, inp, sp) in enumerate(zip(ids, inputs, sps, strict=True)):
+            sp.max_tokens = cut.budget(i, len(inp["prompt_token_ids"]), params, self._context)
+            engine.add_request(rid, inp, sp, lora_request=lora)
+        latest: dict[int, Any] = {}
+        finished: set[int] = set()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                i = index[out.request_id]
+                latest[i] = out.outputs[0]
+                if out.finished:
+                    finished.add(i)
+                    tracker.finish(i)
+            if tracker.reached():
+                engine.abort_request([ids[i] for i in range(len(ids)) if i not in finished])
+                break
+        result = []
+        for i in range(len(ids)):
+            c = latest.get(i)
+            toks = tuple(int(t) for t in c.token_ids) if c is not None else ()
+            lps = sampled_logprobs(c.logprobs, toks) if c is not None else ()
+            reason = str(c.finish_reason) if i in finished and c is not None else "partial"
+            if reason not in ("stop", "length", "partial"):
+                raise RolloutError(f"vLLM finished a request with {reason!r}")
+            result.append([Completion(toks, lps, reason)])
         return result
 
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:

@@ -59,7 +59,7 @@ class TestStoreConformance:
         assert fresh.has_segment(SegmentKey(2, 1, "solve")) is None
         fresh.write_scores(key, ["x"], [1.0], [0.0])
         assert fresh.has_segment(key, kind="scores") is not None
-        with pytest.raises(StoreError, match="'rows' or 'scores', got 'row'"):
+        with pytest.raises(StoreError, match="'rows', 'scores' or 'carry', got 'row'"):
             fresh.has_segment(key, kind="row")
 
     def test_empty_segment(self, store_url: Url) -> None:

@@ -1,4 +1,4 @@
-"""The on-disk format (schema_version 2) as a user without FlexMARL sees it: plain zarr."""
+"""The on-disk format (schema_version 3) as a user without FlexMARL sees it: plain zarr."""
 
 from __future__ import annotations
 

@@ -1,0 +1,192 @@
+"""Partial rollouts (`rollout: {policy: april}`): the root node's generate task, cut and carry.
+
+A micro-batch of step k launches more episodes than it trains on. The root node's task
+
+1. resumes first the episodes cut in (k-1, j): their finished samples as they are, their
+   unfinished ones continued from where they stopped (prompt + partial response, the rest of
+   the token budget), under the version this step samples with;
+2. fills up to the launched count with new episodes of step k;
+3. samples everything in one backend call with a `Cut`: once `quota` episodes have all their
+   samples finished (and every episode already carried `max_carry` times: it must end now),
+   the rest stop where they are;
+4. commits the incomplete episodes' rows, finished and partial (finish_reason "partial"), as
+   the *carry segment* of `(k, j, root)` (segment kind "carry", never returned by a normal
+   read), then the complete ones as the normal segment `(k, j, root)`, which the rest of the
+   graph, scoring and training read as always.
+
+Nothing downstream of the root sees a cut episode: its other nodes run only for the episodes
+present in their parents' segments. Every token keeps the version that generated it
+(`token_versions`), and the loss weighs each token by its own stored behaviour logprob, so a
+continued prefix is corrected like any off-policy token. Sampling is seeded per (run, step,
+micro-batch, node), so a retried task cuts at the same place and writes the same segments.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engines.rollout.base import Cut, SamplingParams
+from meg.policies import AprilRollout
+from storage.schema import SampleBatch, SegmentKey
+from tasks.context import RunContext
+from tasks.worker import store_of
+
+
+def birth_step(episode: str) -> int:
+    """The step an episode was launched in, from its id (`k3e12` → 3)."""
+    return int(episode[1:].split("e", 1)[0])
+
+
+def read_carried(ctx: RunContext, node: str, step: int, mb: int) -> SampleBatch:
+    """The rows (step, mb) carried forward; empty when nothing was (or step < 0)."""
+    if step < 0:
+        return SampleBatch.empty()
+    table = store_of(ctx).table(ctx.spec.nodes[node].agent)
+    carried = table.read_carry(SegmentKey(step, mb, node))
+    return carried if carried is not None else SampleBatch.empty()
+
+
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    complete: SampleBatch  # rows of the episodes that completed: this step's segment
+    carried: SampleBatch  # rows of the cut episodes: the carry segment
+    new_tokens: int  # tokens this call generated (in either batch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    episode: str
+    row: dict[str, Any]  # the row so far (sample id, prompt, response, versions, ...)
+
+
+def _row_of(batch: SampleBatch, i: int) -> dict[str, Any]:
+    return {
+        "sample_id": str(batch.sample_id[i]),
+        "group_id": str(batch.group_id[i]),
+        "parent_ids": str(batch.parent_ids[i]),
+        "node": str(batch.node[i]),
+        "episode": str(batch.episode[i]),
+        "policy_version": int(batch.policy_version[i]),
+        "prompt_ids": batch.prompt(i).tolist(),
+        "response_ids": batch.response(i).tolist(),
+        "logprobs": batch.logprob(i).tolist(),
+        "token_versions": batch.token_version(i).tolist(),
+        "finish_reason": str(batch.finish_reason[i]),
+        "gen_start": float(batch.gen_start[i]),
+    }
+
+
+def generate_cut(
+    ctx: RunContext,
+    node: str,
+    step: int,
+    mb: int,
+    new: list[tuple[Any, list[int]]],
+    version: int,
+    generate: Any,
+) -> CutResult:
+    """Steps 1-3 of the module docstring. `new`: (invocation plan, prompt ids) of the new
+    episodes of this micro-batch, in launch order; `generate(prompts, params, cut)` samples."""
+    policy = ctx.spec.run.rollout
+    assert isinstance(policy, AprilRollout)
+    spec = ctx.spec
+    n = spec.nodes[node].n
+    max_tokens = spec.node_max_tokens(node)
+    old = read_carried(ctx, node, step - 1, mb)
+    resumed = list(dict.fromkeys(str(e) for e in old.episode))
+    launched_new = len(dict.fromkeys(plan.episode for plan, _ in new))
+    room = max(0, launched_new - len(resumed))
+    keep = list(dict.fromkeys(plan.episode for plan, _ in new))[:room]
+    episodes = resumed + keep
+    quota = min(len(episodes), policy.quota(launched_new)) if episodes else 0
+    group = {e: g for g, e in enumerate(episodes)}
+
+    done: list[dict[str, Any]] = []  # finished before this step: kept as they are
+    requests: list[_Request] = []
+    for i in range(len(old)):
+        row = _row_of(old, i)
+        if row["finish_reason"] == "partial":
+            requests.append(_Request(row["episode"], row))
+        else:
+            done.append(row)
+    t0 = time.time()
+    for plan, prompt in new:
+        if plan.episode not in group:
+            continue
+        for sid in plan.sample_ids(n):
+            row = {
+                "sample_id": sid,
+                "group_id": plan.group_id,
+                "parent_ids": ",".join(plan.parent_ids()),
+                "node": node,
+                "episode": plan.episode,
+                "policy_version": version,
+                "prompt_ids": list(prompt),
+                "response_ids": [],
+                "logprobs": [],
+                "token_versions": [],
+                "finish_reason": "partial",
+                "gen_start": t0,
+            }
+            requests.append(_Request(plan.episode, row))
+    must = frozenset(group[e] for e in episodes if step - birth_step(e) >= policy.max_carry)
+    cut = Cut(
+        groups=tuple(group[r.episode] for r in requests),
+        quota=quota,
+        must_finish=must & {group[r.episode] for r in requests},
+        max_tokens=tuple(max(1, max_tokens - len(r.row["response_ids"])) for r in requests),
+    )
+    params = _params(ctx, node, step, mb, max_tokens)
+    prompts = [r.row["prompt_ids"] + r.row["response_ids"] for r in requests]
+    outs = generate(prompts, params, cut) if requests else []
+    t1 = time.time()
+    new_tokens = 0
+    rows = list(done)
+    for r, out in zip(requests, outs, strict=True):
+        c = out[0]
+        new_tokens += len(c.response_ids)
+        row = dict(r.row)
+        row["response_ids"] = row["response_ids"] + list(c.response_ids)
+        row["logprobs"] = row["logprobs"] + list(c.logprobs)
+        row["token_versions"] = row["token_versions"] + [version] * len(c.response_ids)
+        row["policy_version"] = version
+        row["finish_reason"] = c.finish_reason
+        rows.append(row)
+    for row in rows:
+        row.update(step=step, gen_end=t1)
+    incomplete = {row["episode"] for row in rows if row["finish_reason"] == "partial"}
+    order = {e: g for g, e in enumerate(episodes)}
+
+    def batch(pick: bool) -> SampleBatch:
+        chosen = [row for row in rows if (row["episode"] in incomplete) == pick]
+        chosen.sort(key=lambda row: (order[row["episode"]], row["sample_id"]))
+        return SampleBatch.from_rows(chosen)
+
+    return CutResult(batch(False), batch(True), new_tokens)
+
+
+def _params(ctx: RunContext, node: str, step: int, mb: int, max_tokens: int) -> SamplingParams:
+    """One request per sample (n=1), seeded like the uncut path."""
+    from tasks.rollout import sampling_for
+
+    base = sampling_for(ctx, node, step, mb)
+    seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}/cut".encode())
+    return SamplingParams(
+        n=1,
+        temperature=base.temperature,
+        top_p=base.top_p,
+        max_tokens=max_tokens,
+        seed=seed,
+        stop_token_ids=base.stop_token_ids,
+    )
+
+
+def carried_tokens(batch: SampleBatch) -> int:
+    """Tokens of `batch` generated by an earlier version than their row's (continued
+    prefixes and samples finished before the step)."""
+    return int(np.sum(batch.carried_tokens)) if len(batch) else 0
