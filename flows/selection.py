@@ -111,11 +111,10 @@ class Selector:
             for eid, item in eps:
                 p = self.policy.rollout_probability(self.streak(item.id))
                 index = int(eid.rsplit("e", 1)[1])
-                (
+                if keep_draw(self.ctx.seed, k, index) < p:
                     kept.append((eid, item))
-                    if keep_draw(self.ctx.seed, k, index) < p
-                    else skipped.append(item.id)
-                )
+                else:
+                    skipped.append(item.id)
             if eps and not kept:  # every micro-batch keeps one episode: the first planned
                 kept.append(eps[0])
                 skipped.remove(eps[0][1].id)

@@ -84,8 +84,9 @@ class CarryIndex:
             out: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
             for info in self.table.segments(step=step, kind="carry"):
                 b = self.table.read_carry(SegmentKey(info.step, info.micro_batch, info.node))
-                for i in range(len(b) if b is not None else 0):
-                    assert b is not None
+                if b is None:  # listed, so committed: only a concurrent delete gets here
+                    continue
+                for i in range(len(b)):
                     out[str(b.sample_id[i])].append((b.response(i), b.token_version(i)))
             self._by_step[step] = out
         return self._by_step[step]

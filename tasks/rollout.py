@@ -27,7 +27,7 @@ from meg.template import prompt_ids
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
-from tasks.carry import birth_step, carried_tokens, generate_cut, read_carried
+from tasks.carry import birth_step, generate_cut, read_carried
 from tasks.context import RunContext, Stopwatch, Timing
 from tasks.worker import chat_frame_of, host_of, state_of, store_of, tokenizer, tokenizer_of
 from workloads.datasets import TaskItem
@@ -205,12 +205,15 @@ def generate_segment(
 
     cuts = ctx.spec.run.rollout.carries and not spec.nodes[node].inputs
 
-    def gen_ref(ref: SegmentRef, batch: SampleBatch, resumed: bool) -> GenRef:
-        carried = read_carried(ctx, node, step, mb) if cuts else SampleBatch.empty()
-        old = carried_tokens(batch)
+    def gen_ref(
+        ref: SegmentRef, batch: SampleBatch, resumed: bool, carried: SampleBatch | None = None
+    ) -> GenRef:
+        if carried is None:  # what this segment's task carried, if it cuts: from the store
+            carried = read_carried(ctx, node, step, mb) if cuts else SampleBatch.empty()
+        old = int(batch.carried_tokens.sum())
         held = int(carried.response_lengths.sum())
         in_segment = int(batch.response_lengths.sum())
-        tokens = in_segment - old + held - carried_tokens(carried)
+        tokens = in_segment - old + held - int(carried.carried_tokens.sum())  # generated now
         return GenRef(
             node,
             agent_name,
@@ -242,12 +245,13 @@ def generate_segment(
             mb,
             list(zip(plans, prompts, strict=True)),
             version,
+            sampling_for(ctx, node, step, mb),
             lambda p, sp, cut: host.generate(p, sp, agent_name, cut=cut),
         )
         key = SegmentKey(step, mb, node)
         table.write_segment(key, result.carried, kind="carry")  # first: see tasks.carry
         ref = table.write_segment(key, result.complete)
-        return gen_ref(ref, result.complete, resumed=False)
+        return gen_ref(ref, result.complete, resumed=False, carried=result.carried)
     plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
     params = sampling_for(ctx, node, step, mb)
     t0 = time.time()

@@ -302,7 +302,7 @@ class VLLMBackend:
         while engine.has_unfinished_requests():
             for out in engine.step():
                 i = index[out.request_id]
-                latest[i] = out.outputs[0]
+                latest[i] = out.outputs[0]  # type: ignore[index]  # a RequestOutput: generation
                 if out.finished:
                     finished.add(i)
                     tracker.finish(i)
