@@ -174,18 +174,6 @@ class AdapterHost(Host):
 
 _HOSTS: dict[str, Host] = {}
 _REGISTRY_LOCK = threading.Lock()
-# Backends that were replaced or dropped while other hosts of this process live on. vLLM
-# engines in one process share global state (the parallel groups): tearing one down
-# (`LLM.__del__` → destroy_model_parallel) broke every other engine of the worker with
-# "pipeline model parallel group is not initialized". So a retired backend is kept
-# referenced until no host is left in the process, then released all at once.
-_RETIRED: list[RolloutBackend] = []
-
-
-def _retire(backend: RolloutBackend) -> None:
-    _RETIRED.append(backend)
-    if not _HOSTS:
-        _RETIRED.clear()
 
 
 def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
@@ -205,8 +193,7 @@ def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
         new = kind(
             agent, backend, model_path, dict(opts), make_backend(backend, model_path, **opts)
         )
-        if host is not None:  # the crashed backend must not be torn down under the others
-            _retire(host.backend)
+        # (a replaced vLLM engine is parked, not torn down under the others: vllm_backend)
         new.loads = loads
         if latest is not None:  # re-created after a crash: restore the newest weights
             new.ensure_version(*latest)
@@ -217,10 +204,7 @@ def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
 def drop_host(agent: str) -> bool:
     """Forget this process's host for `agent` (frees the model once unreferenced)."""
     with _REGISTRY_LOCK:
-        host = _HOSTS.pop(agent, None)
-        if host is not None:
-            _retire(host.backend)
-        return host is not None
+        return _HOSTS.pop(agent, None) is not None
 
 
 def hosted_agents() -> dict[str, int]:

@@ -3,6 +3,7 @@ worker (one host per agent). Regression tests for two crashes seen in real runs.
 
 from __future__ import annotations
 
+import gc
 import random
 from pathlib import Path
 
@@ -44,3 +45,52 @@ def test_big_seeded_batches_and_a_replaced_engine_keep_every_engine_alive(
     finally:
         for agent in list(hosted_agents()):
             drop_host(agent)
+
+
+def test_a_collected_engine_is_parked_while_another_lives(tiny_model_dir: Path) -> None:
+    """An engine reached by the garbage collector (at whatever later `gc.collect()`) must not
+    tear vLLM's global state down under a live one. (The suite once failed on this: a
+    benchmark's dead engines were collected while a shared engine was in the middle of a
+    test: "pipeline model parallel group is not initialized".)"""
+    from engines.rollout import make_backend
+    from engines.rollout.vllm_backend import _ENGINES
+
+    params = SamplingParams(n=1, max_tokens=3, seed=1)
+    keeper = make_backend("vllm", tiny_model_dir)
+    doomed = make_backend("vllm", tiny_model_dir)
+    assert doomed.generate([[5, 6, 7]], params) == keeper.generate([[5, 6, 7]], params)
+    parked = len(_ENGINES.parked)
+    del doomed
+    gc.collect()
+    assert len(_ENGINES.parked) == parked + 1
+    assert len(keeper.generate([[5, 6, 7], [8, 9]], params)) == 2  # still alive
+
+
+class _Core:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def shutdown(self) -> None:
+        self.log.append(self.name)
+
+
+class _FakeLLM:
+    """Only the attribute path `_Engines` shuts an engine down through (no engine needed to
+    check the bookkeeping; the real engines are exercised above)."""
+
+    def __init__(self, log: list[str], name: str) -> None:
+        self.llm_engine = type("E", (), {"engine_core": _Core(log, name)})()
+
+
+def test_parked_engines_are_shut_down_together_when_the_last_backend_goes() -> None:
+    from engines.rollout.vllm_backend import _Engines
+
+    log: list[str] = []
+    engines = _Engines()
+    for _ in range(3):
+        engines.opened()
+    engines.closed(_FakeLLM(log, "a"))
+    engines.closed(_FakeLLM(log, "b"))
+    assert log == [] and len(engines.parked) == 2  # one backend still lives
+    engines.closed(_FakeLLM(log, "c"))
+    assert log == ["a", "b", "c"] and engines.parked == [] and engines.live == 0
