@@ -82,10 +82,16 @@ class AprilRollout(_Policy):
         return quota + math.ceil(quota * self.over_provision)
 
     def quota(self, launched: int) -> int:
-        """Inverse of `launched`: the episodes a micro-batch of `launched` must complete."""
+        """Inverse of `launched`: the episodes a micro-batch of `launched` must complete (the
+        largest quota that launches no more than `launched`, at least 1)."""
         if launched <= 0:
             return 0
-        return max(1, min(launched, math.floor(launched / (1.0 + self.over_provision) + 0.5)))
+        q = math.floor(launched / (1.0 + self.over_provision))
+        while self.launched(q + 1) <= launched:  # `launched` rounds up: search the exact
+            q += 1
+        while q > 0 and self.launched(q) > launched:
+            q -= 1
+        return max(1, q)
 
 
 class AllPrompts(_Policy):
