@@ -7,9 +7,10 @@ cannot consume a parent sample that is not finished, so a step can only be cut, 
 skipped, one whole episode at a time.
 
 The `policy` key is the registry: pydantic picks the model by that tag (a discriminated
-union), so an unknown name or a parameter of another policy is a validation error naming the
-field and the known policies. The behaviour lives next to each model as small pure methods;
-the orchestrator and the generate task call those methods, never `if policy == ...`.
+union), so a missing or unknown name, or a parameter of another policy, is a validation
+error naming the field and the known policies. The behaviour lives next to each model as
+small pure methods; the orchestrator and the generate task call those methods, never
+`if policy == ...`.
 
 - `full` (default): every planned episode runs to completion.
 - `april` (Active Partial Rollouts): a step launches `over_provision` more episodes than it
@@ -28,9 +29,9 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class _Policy(BaseModel):
@@ -133,8 +134,26 @@ class GresoSelect(_Policy):
         return max(self.floor, self.explore ** min(streak, self.history))
 
 
-RolloutPolicy = Annotated[FullRollout | AprilRollout, Field(discriminator="policy")]
-SelectPolicy = Annotated[AllPrompts | GresoSelect, Field(discriminator="policy")]
+def _named(kind: str, tags: tuple[str, ...]) -> BeforeValidator:
+    """pydantic's message for a policy block without `policy:` names neither the key nor
+    the choices; this one does (an unknown name is pydantic's own error, which names both)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, dict) and "policy" not in value:
+            raise ValueError(f"`policy:` is missing; known {kind} policies: {', '.join(tags)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+RolloutPolicy = Annotated[
+    FullRollout | AprilRollout,
+    Field(discriminator="policy"),
+    _named("rollout", ("full", "april")),
+]
+SelectPolicy = Annotated[
+    AllPrompts | GresoSelect, Field(discriminator="policy"), _named("select", ("all", "greso"))
+]
 
 
 def keep_draw(seed: int, step: int, index: int) -> float:

@@ -41,7 +41,7 @@ from storage.table import Table
 class Audit:
     rows_checked: int
     violations: int
-    max_lag: int
+    max_lag: int  # versions between a step and its oldest row (or token, with max_carry)
     steps_checked: int
     problems: tuple[str, ...] = field(default_factory=tuple)
     accounting_errors: int = 0
@@ -109,6 +109,11 @@ class CarryIndex:
         return False
 
 
+def token_minima(batch: Any) -> list[int]:
+    """The oldest token version of each row that has response tokens."""
+    return [int(tv.min()) for tv in map(batch.token_version, range(len(batch))) if len(tv)]
+
+
 def carry_violations(
     carries: CarryIndex, batch: Any, step: int, before: int, allowed: int, carry: int
 ) -> int:
@@ -151,6 +156,8 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
             rows += len(batch)
             violations += bad
             max_lag = max(max_lag, int(lag.max()) if len(lag) else 0)
+            if carry:  # a continued row's oldest tokens are older than the row's version
+                max_lag = max([max_lag] + [before - int(v) for v in token_minima(batch)])
             if bad:
                 problems.append(
                     f"{agent} step {k}: {bad} rows outside versions [{before - allowed}, {before}]"

@@ -9,20 +9,35 @@ from pathlib import Path
 
 import pytest
 
-from bench.longtail import ARMS, WORKLOADS, main
+from bench.longtail import ARMS, main
 
 pytestmark = pytest.mark.slow
+
+KEYS = (
+    "april_step_time_ratio",
+    "greso_generated_tokens_ratio",
+    "skip_train_time_ratio",
+    "zero_adv_step_time_ratio",
+    "all_three_step_time_ratio",
+    "all_three_generated_tokens_ratio",
+)
 
 
 def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
     out = tmp_path / "longtail.json"
     res = main(["--small", "--json", str(out)])
     assert json.loads(out.read_text()) == res
-    for w in WORKLOADS:
-        assert set(res[w]["arms"]) == set(ARMS)
-        for arm in res[w]["arms"].values():
-            assert arm["violations"] == 0 and arm["train_s"] > 0
-            assert arm["decode_tokens_per_step"] > 0 and 0.0 <= arm["zero_adv_fraction"] <= 1.0
-        for key in ("skip_train_time_ratio", "zero_adv_step_time_ratio"):
-            assert math.isfinite(res[w][key]) and res[w][key] > 0
-    assert res["skip_train_time_ratio"] == res["longtail"]["skip_train_time_ratio"]
+    assert res["workloads"] == ["longtail"]
+    arms = res["longtail"]["arms"]
+    assert set(arms) == set(ARMS)
+    for arm in arms.values():
+        assert arm["violations"] == 0 and arm["train_s"] > 0
+        assert arm["decode_tokens_per_step"] > 0 and 0.0 <= arm["zero_adv_fraction"] <= 1.0
+        assert 0.0 <= arm["offpolicy_frac"] <= 1.0 and arm["thrown_away_tokens"] >= 0
+    # policies that do not carry or skip leave those counters at zero
+    for name in ("baseline", "zero_adv"):
+        assert arms[name]["thrown_away_tokens"] == arms[name]["skipped_prompts"] == 0
+        assert arms[name]["offpolicy_frac"] == 0
+    for key in KEYS:
+        assert math.isfinite(res[key]) and res[key] > 0 and res[key] == res["longtail"][key]
+    assert math.isfinite(res["greso_reward_delta"]) and res["baseline_reward_spread"] == 0.0

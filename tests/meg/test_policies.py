@@ -168,3 +168,15 @@ def test_keep_draw_is_a_pure_function_of_seed_step_and_index() -> None:
     assert keep_draw(0, 1, 2) != keep_draw(0, 2, 1) != keep_draw(1, 0, 2)
     mean = sum(draws.values()) / len(draws)
     assert 0.4 < mean < 0.6  # spread over [0, 1), not stuck at one end
+
+
+@pytest.mark.parametrize(
+    ("section", "known"), [("rollout", "full, april"), ("select", "all, greso")]
+)
+def test_a_policy_block_without_its_name_says_what_is_missing(
+    base: dict[str, Any], tmp_path: Path, section: str, known: str
+) -> None:
+    base["run"] = {section: {"over_provision": 0.5} if section == "rollout" else {}}
+    err = refused(base, tmp_path)
+    assert err.field == f"run.{section}"
+    assert "`policy:` is missing" in str(err) and known in str(err)
