@@ -92,6 +92,10 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
             "team_reward": r["team_reward"],
             **{f"reward/{a}": v for a, v in r["reward_mean"].items()},
             "decode_tokens": r["decode_tokens"],
+            # what the rollout and selection policies did (0 with the defaults)
+            "carried_tokens": r["carried_tokens"],
+            "offpolicy_tokens": r["offpolicy_tokens"],
+            "skipped_prompts": r["skipped_prompts"],
         }
         for r in summary["per_step"]
     ]

@@ -206,6 +206,14 @@ def train_cmd(args: argparse.Namespace) -> int:
         f"violations {c['violations']}/{c['rows_checked']} rows, step accounting errors "
         f"{c['accounting_errors']}; run dir {out['run_dir']}"
     )
+    r = out["rollout"]
+    if r["carried_tokens"] or r["skipped_prompts"]:  # the april / greso policies acted
+        print(
+            f"rollout policies: {r['carried_tokens']} tokens carried to a next step, "
+            f"{r['offpolicy_frac']:.1%} of trained tokens off-policy, "
+            f"{r['thrown_away_tokens']} thrown away at the end, "
+            f"{r['skipped_prompts']} prompts skipped"
+        )
     return 0
 
 

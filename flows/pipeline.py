@@ -58,14 +58,11 @@ from typing import Any
 from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
 from flows.cluster import Workers
 from flows.executors import Executor
-from flows.selection import Selector
+from flows.planning import EpisodePlanner
 from meg import ScoreGroup, expand_episode, score_groups, topological_order
 from meg.sharing import unit_of
 from tasks.context import RunContext
-from tasks.rollout import Episode, episode_id
 from tasks.scoring import scoring_plan
-from tasks.worker import splits_of
-from workloads.datasets import batch_for_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,59 +182,26 @@ class Pipeline:
         self.results: list[Any] = []
         self.logs: dict[int, StepLog] = {}
         self._rr = 0
-        self.rollout, self.select = spec.run.rollout, spec.run.select
+        self.carries = spec.run.rollout.carries
         self.root = next((n for n in self.order if not spec.nodes[n].inputs), self.order[0])
-        self._planned: dict[int, list[tuple[Episode, ...]]] = {}
-        self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
-        self.selector = Selector(ctx, cfg.window, self._task_of.get)
-        if self.select.needs_history:  # re-plan the steps before a resume: same choices
-            for s in range(cfg.start_step):
-                self.planned(s)
+        self.plan = EpisodePlanner(
+            ctx,
+            cfg.episodes_per_step,
+            cfg.micro_batches,
+            cfg.window,
+            cfg.start_step,
+            self.results.append,
+        )
 
     # ---- phases -------------------------------------------------------------------------
-    def planned(self, k: int) -> list[tuple[Episode, ...]]:
-        """The new episodes step k launches, per micro-batch (whole episodes each).
-
-        Micro-batch j trains `quota_j` episodes (a contiguous share of episodes_per_step); the
-        rollout policy says how many it launches for that (`april`: more), and the selection
-        policy which of those are rolled out (`greso`: fewer)."""
-        if k in self._planned:
-            return self._planned[k]
-        m, total = self.cfg.micro_batches, self.cfg.episodes_per_step
-        bounds = [round(i * total / m) for i in range(m + 1)]
-        launch = [self.rollout.launched(bounds[j + 1] - bounds[j]) for j in range(m)]
-        items = batch_for_step(splits_of(self.ctx), k, sum(launch), self.ctx.seed)
-        eps = [(episode_id(k, i), t) for i, t in enumerate(items)]
-        self._task_of.update((e, t.id) for e, t in eps)
-        starts = [sum(launch[:j]) for j in range(m + 1)]
-        mbs = [tuple(eps[starts[j] : starts[j + 1]]) for j in range(m)]
-        if self.select.needs_history:
-            mbs, ref = self.selector.select(k, mbs)
-            self.results.append(ref)
-        self._planned[k] = mbs
-        return mbs
-
-    def episodes(self, k: int) -> list[tuple[Episode, ...]]:
-        """What step k's tasks get per micro-batch: its new episodes, and with `april` first
-        those of the `max_carry` steps before, any of which the root may still be carrying
-        (which ones, the root's task reads from the store)."""
-        new = self.planned(k)
-        if not self.rollout.carries:
-            return new
-        back = range(max(0, k - self.rollout.carry_limit), k)
-        return [
-            tuple(e for s in back for e in self.planned(s)[j]) + new[j]
-            for j in range(self.cfg.micro_batches)
-        ]
-
     def submit_rollout(self, k: int) -> None:
         """generate(node, k, j) for every node and micro-batch, each score group after the
         nodes it waits for."""
         spec = self.ctx.spec
         pos = {n: i for i, n in enumerate(self.order)}
         stride = 2 * len(self.order)  # rank 2i: generate node i; 2i+1: scores waiting on it
-        launched = self.planned(k)
-        for j, eps in enumerate(self.episodes(k)):
+        launched = self.plan.planned(k)
+        for j, eps in enumerate(self.plan.episodes(k)):
             for i, node in enumerate(self.order):
                 agent = spec.nodes[node].agent
                 weights, barrier = self._weights_dep(agent, k)
@@ -245,7 +209,7 @@ class Pipeline:
                 host = self.balancer.place(self.unit[agent], est)
                 parents = tuple(self.gen[(p, k, j)] for p in spec.nodes[node].inputs)
                 previous_mb = (self.gen[(node, k, j - 1)],) if j else ()
-                if self.rollout.carries and node == self.root and (node, k - 1, j) in self.gen:
+                if self.carries and node == self.root and (node, k - 1, j) in self.gen:
                     previous_mb += (self.gen[(node, k - 1, j)],)  # resumes what that one cut
                 self.gen[(node, k, j)] = self._submit(
                     "generate",

@@ -116,14 +116,21 @@ def test_april_carries_unfinished_samples_and_the_audit_proves_every_token(
 
 @pytest.mark.parametrize("mode", ["flex", "async"])
 def test_greso_skips_prompts_that_taught_nothing(
-    tmp_path: Path, tiny_model: str, cluster: str, mode: str
+    tmp_path: Path, tiny_model: str, cluster: str, mode: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The seed-0 tiny model almost never answers right: most groups get one reward, so
     GRESO skips prompts once their history exists (steps >= window), and the store holds
     exactly the episodes that were rolled out."""
+    from flows.cli import main as cli
+
     cfg = policy_config(tmp_path, tiny_model, "math-chain", select={"policy": "greso"})
-    out = run(cfg, tmp_path / "run", cluster, mode)
+    args = ["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--scheduler", cluster]
+    args += ["--mode", mode, "--staleness", "1" if mode == "async" else "0", "--no-export-final"]
+    assert cli([*args, "--summary-json", str(tmp_path / "summary.json")]) == 0
+    out = json.loads((tmp_path / "summary.json").read_text())
     assert out["consistency"]["violations"] == 0
+    n = out["rollout"]["skipped_prompts"]
+    assert f"{n} prompts skipped" in capsys.readouterr().out  # the CLI's closing lines say it
     skipped = [r["skipped_prompts"] for r in out["per_step"]]
     assert skipped[:2] == [0, 0]  # no history yet before step `window` (2)
     assert sum(skipped) == out["rollout"]["skipped_prompts"] > 0

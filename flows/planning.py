@@ -1,0 +1,72 @@
+"""Which episodes each step rolls out, per micro-batch: the rollout policy says how many a
+micro-batch launches, the selection policy which of them are rolled out at all.
+
+Micro-batch j of step k trains `quota_j` episodes, a contiguous share of
+`episodes_per_step`. `april` launches more for that (`launched(quota_j)`); `greso` then
+drops the prompts whose history taught nothing (`flows.selection`). The episodes are drawn
+by `batch_for_step(seed, k)`, a pure function, so a resumed run plans the same episodes; with
+`greso` the steps before the resume are re-planned first, from the same committed history, so
+the choices after it are the same as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flows.selection import Selector
+from tasks.context import RunContext
+from tasks.rollout import Episode, episode_id
+from tasks.worker import splits_of
+from workloads.datasets import batch_for_step
+
+
+class EpisodePlanner:
+    """The episodes of every step, planned once and remembered (a step is planned before its
+    tasks are submitted, after `Pipeline.wait_window`, which selection's history relies on)."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        episodes_per_step: int,
+        micro_batches: int,
+        window: int,
+        start_step: int = 0,
+        on_select: Callable[[Any], None] = lambda ref: None,
+    ) -> None:
+        self.ctx, self.total, self.m = ctx, episodes_per_step, micro_batches
+        self.rollout, self.select = ctx.spec.run.rollout, ctx.spec.run.select
+        self.on_select = on_select
+        self._planned: dict[int, list[tuple[Episode, ...]]] = {}
+        self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
+        self.selector = Selector(ctx, window, self._task_of.get)
+        if self.select.needs_history:  # re-plan the steps before a resume: same choices
+            for s in range(start_step):
+                self.planned(s)
+
+    def planned(self, k: int) -> list[tuple[Episode, ...]]:
+        """The new episodes step k launches, per micro-batch (whole episodes each)."""
+        if k in self._planned:
+            return self._planned[k]
+        bounds = [round(i * self.total / self.m) for i in range(self.m + 1)]
+        launch = [self.rollout.launched(bounds[j + 1] - bounds[j]) for j in range(self.m)]
+        items = batch_for_step(splits_of(self.ctx), k, sum(launch), self.ctx.seed)
+        eps = [(episode_id(k, i), t) for i, t in enumerate(items)]
+        self._task_of.update((e, t.id) for e, t in eps)
+        starts = [sum(launch[:j]) for j in range(self.m + 1)]
+        mbs = [tuple(eps[starts[j] : starts[j + 1]]) for j in range(self.m)]
+        if self.select.needs_history:
+            mbs, ref = self.selector.select(k, mbs)
+            self.on_select(ref)
+        self._planned[k] = mbs
+        return mbs
+
+    def episodes(self, k: int) -> list[tuple[Episode, ...]]:
+        """What step k's tasks get per micro-batch: its new episodes, and with `april` first
+        those of the `max_carry` steps before, any of which the root may still be carrying
+        (which ones, the root's task reads from the store)."""
+        new = self.planned(k)
+        if not self.rollout.carries:
+            return new
+        back = range(max(0, k - self.rollout.carry_limit), k)
+        return [tuple(e for s in back for e in self.planned(s)[j]) + new[j] for j in range(self.m)]
