@@ -55,6 +55,22 @@ class CutResult:
     carried: SampleBatch  # rows of the cut episodes: the carry segment
 
 
+def settle(result: CutResult, committed: SampleBatch | None) -> CutResult:
+    """What a root task commits when an earlier attempt already committed the carry segment
+    of the same key and died before the normal one (they are two writes, carry first).
+
+    The committed carry is the truth: the next step resumes exactly its episodes, so none of
+    them may be trained now. Sampling is seeded, so a retry usually cuts identically; but in
+    `async` mode the host may have moved to a newer version between attempts and cut
+    differently. An episode that this attempt cut and the committed carry lacks is dropped
+    (neither trained nor continued: fewer episodes, never a sample trained twice)."""
+    if committed is None:
+        return result
+    held = set(map(str, committed.episode))
+    keep = [i for i, e in enumerate(result.complete.episode) if str(e) not in held]
+    return CutResult(result.complete.take(keep), committed)
+
+
 @dataclass(frozen=True, slots=True)
 class _Request:
     episode: str

@@ -27,7 +27,7 @@ from meg.template import prompt_ids
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
-from tasks.carry import birth_step, generate_cut, read_carried
+from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch, Timing
 from tasks.worker import chat_frame_of, host_of, state_of, store_of, tokenizer, tokenizer_of
 from workloads.datasets import TaskItem
@@ -249,6 +249,7 @@ def generate_segment(
             lambda p, sp, cut: host.generate(p, sp, agent_name, cut=cut),
         )
         key = SegmentKey(step, mb, node)
+        result = settle(result, table.read_carry(key))  # an earlier attempt's carry wins
         table.write_segment(key, result.carried, kind="carry")  # first: see tasks.carry
         ref = table.write_segment(key, result.complete)
         return gen_ref(ref, result.complete, resumed=False, carried=result.carried)

@@ -20,7 +20,7 @@ from engines.rollout.base import Cut, SamplingParams
 from meg import MEGSpec, build_spec, validate
 from storage.audit import audit_consistency
 from storage.schema import SampleBatch, SegmentKey
-from tasks.carry import CutResult, birth_step, generate_cut, read_carried
+from tasks.carry import CutResult, birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext
 from tasks.rollout import episode_id, plan_prompts
 from tasks.worker import store_of
@@ -236,3 +236,35 @@ def test_a_rerun_cuts_the_same_segments(new_ctx: Any, tiny_model: str, hf: Rollo
     assert same_rows(second.carried, again.carried)
     other = new_ctx("other-seed", spec=ctx.spec, seed=ctx.seed + 1)  # the seed matters
     assert not same_rows(cut_step(other, hf, 0)[0].complete, first.complete)
+
+
+def _rows(*episodes: str) -> SampleBatch:
+    return SampleBatch.from_rows(
+        [
+            {
+                "sample_id": f"{e}/solve/0/0",
+                "group_id": f"{e}/solve/0",
+                "parent_ids": "",
+                "node": "solve",
+                "episode": e,
+                "step": 1,
+                "policy_version": 1,
+                "prompt_ids": [1, 2],
+                "response_ids": [3],
+                "logprobs": [-0.5],
+                "finish_reason": "stop",
+            }
+            for e in episodes
+        ]
+    )
+
+
+def test_a_retry_settles_on_the_carry_an_earlier_attempt_committed() -> None:
+    """Carry and rows are two writes; an attempt that died between them left its carry. A
+    retry that cut differently (async: newer weights) must not train an episode that the
+    next step will resume, and drops the one it cut that nobody will resume."""
+    retry = CutResult(complete=_rows("k1e0", "k1e1"), carried=_rows("k1e2"))
+    assert settle(retry, None) is retry  # nothing committed: the attempt's own cut
+    settled = settle(retry, _rows("k1e1"))
+    assert list(map(str, settled.complete.episode)) == ["k1e0"]  # k1e1 is carried: not now
+    assert list(map(str, settled.carried.episode)) == ["k1e1"]  # k1e2 dropped, not carried
