@@ -9,10 +9,11 @@ A micro-batch of step k launches more episodes than it trains on. The root node'
 3. samples everything in one backend call with a `Cut`: once `quota` episodes have all their
    samples finished (and every episode already carried `max_carry` times: it must end now),
    the rest stop where they are;
-4. commits the incomplete episodes' rows, finished and partial (finish_reason "partial"), as
-   the *carry segment* of `(k, j, root)` (segment kind "carry", never returned by a normal
-   read), then the complete ones as the normal segment `(k, j, root)`, which the rest of the
-   graph, scoring and training read as always.
+4. commits the rows of the episodes it does not train now — the incomplete ones, finished
+   and partial (finish_reason "partial") samples alike, and complete ones beyond the
+   `quota` (`trained_episodes`) — as the *carry segment* of `(k, j, root)` (segment kind
+   "carry", never returned by a normal read), then the `quota` trained episodes as the normal
+   segment `(k, j, root)`, which the rest of the graph, scoring and training read as always.
 
 Nothing downstream of the root sees a cut episode: its other nodes run only for the episodes
 present in their parents' segments. Every token keeps the version that generated it
@@ -51,8 +52,8 @@ def read_carried(ctx: RunContext, node: str, step: int, mb: int) -> SampleBatch:
 
 @dataclass(frozen=True, slots=True)
 class CutResult:
-    complete: SampleBatch  # rows of the episodes that completed: this step's segment
-    carried: SampleBatch  # rows of the cut episodes: the carry segment
+    complete: SampleBatch  # rows of the episodes trained now: this step's segment
+    carried: SampleBatch  # rows of the cut (and surplus complete) episodes: the carry segment
 
 
 def settle(result: CutResult, committed: SampleBatch | None) -> CutResult:
@@ -148,9 +149,11 @@ def generate_cut(
             }
             requests.append(_Request(plan.episode, row))
     must = frozenset(group[e] for e in episodes if step - birth_step(e) >= policy.max_carry)
+    sampled = {r.episode for r in requests}
+    ready = sum(1 for e in episodes if e not in sampled)  # complete, carried whole
     cut = Cut(
         groups=tuple(group[r.episode] for r in requests),
-        quota=quota,
+        quota=max(0, quota - ready),
         must_finish=must & {group[r.episode] for r in requests},
         max_tokens=tuple(max(1, max_tokens - len(r.row["response_ids"])) for r in requests),
     )
@@ -178,10 +181,24 @@ def generate_cut(
     for row in rows:
         row.update(step=step, gen_end=t1)
     incomplete = {row["episode"] for row in rows if row["finish_reason"] == "partial"}
+    trained = trained_episodes(
+        [e for e in episodes if e not in incomplete], quota, step, policy.max_carry
+    )
 
     def batch(pick: bool) -> SampleBatch:
-        chosen = [row for row in rows if (row["episode"] in incomplete) == pick]
+        chosen = [row for row in rows if (row["episode"] in trained) == pick]
         chosen.sort(key=lambda row: (group[row["episode"]], row["sample_id"]))
         return SampleBatch.from_rows(chosen)
 
-    return CutResult(batch(False), batch(True))
+    return CutResult(batch(True), batch(False))
+
+
+def trained_episodes(complete: list[str], quota: int, step: int, max_carry: int) -> set[str]:
+    """Which complete episodes a step trains: exactly `quota` (as many as a step without
+    APRIL), oldest first, and more only when episodes carried `max_carry` times are due. Any
+    other complete episode is carried whole to the next step (trained there, with no new
+    token to generate): requests that finish in the same decode step as the cut would
+    otherwise make the step train more than its batch. `complete` is in launch order."""
+    due = [e for e in complete if step - birth_step(e) >= max_carry]
+    rest = sorted((e for e in complete if e not in due), key=birth_step)  # stable: launch order
+    return set(due + rest[: max(0, quota - len(due))])

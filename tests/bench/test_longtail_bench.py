@@ -15,6 +15,8 @@ pytestmark = pytest.mark.slow
 
 KEYS = (
     "april_step_time_ratio",
+    "april_rollout_time_ratio",
+    "april_c4_step_time_ratio",
     "greso_generated_tokens_ratio",
     "skip_train_time_ratio",
     "zero_adv_step_time_ratio",

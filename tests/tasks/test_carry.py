@@ -20,7 +20,14 @@ from engines.rollout.base import Cut, SamplingParams
 from meg import MEGSpec, build_spec, validate
 from storage.audit import audit_consistency
 from storage.schema import SampleBatch, SegmentKey
-from tasks.carry import CutResult, birth_step, generate_cut, read_carried, settle
+from tasks.carry import (
+    CutResult,
+    birth_step,
+    generate_cut,
+    read_carried,
+    settle,
+    trained_episodes,
+)
 from tasks.context import RunContext
 from tasks.rollout import episode_id, plan_prompts
 from tasks.worker import store_of
@@ -116,13 +123,15 @@ def find_seed(
 
 
 def check_split(result: CutResult, quota: int) -> None:
-    """Whole episodes: each one all complete or all carried, every carried one unfinished."""
+    """Whole episodes: each one all trained or all carried; a carried one is unfinished, or
+    complete beyond a quota that the step trains exactly."""
     complete, carried = episodes_of(result.complete), episodes_of(result.carried)
     assert not set(complete) & set(carried)
     assert all(len(rows) == N for rows in (*complete.values(), *carried.values()))
     assert "partial" not in set(result.complete.finish_reason.tolist())
     for rows in carried.values():
-        assert "partial" in {str(result.carried.finish_reason[i]) for i in rows}
+        if "partial" not in {str(result.carried.finish_reason[i]) for i in rows}:
+            assert len(complete) == quota  # a surplus complete episode waits for next step
     assert len(complete) >= quota
     for b in (result.complete, result.carried):
         assert np.all(b.response_lengths <= MAX_TOKENS) and np.all(b.node == NODE)
@@ -268,3 +277,14 @@ def test_a_retry_settles_on_the_carry_an_earlier_attempt_committed() -> None:
     settled = settle(retry, _rows("k1e1"))
     assert list(map(str, settled.complete.episode)) == ["k1e0"]  # k1e1 is carried: not now
     assert list(map(str, settled.carried.episode)) == ["k1e1"]  # k1e2 dropped, not carried
+
+
+def test_a_step_trains_exactly_its_quota_oldest_first_and_every_due_episode() -> None:
+    complete = ["k2e3", "k1e0", "k2e1", "k1e5"]  # launch order: resumed first, then new
+    # nothing due (max_carry 2): the quota, oldest first, launch order within a step
+    assert trained_episodes(complete, 3, step=2, max_carry=2) == {"k1e0", "k1e5", "k2e3"}
+    assert trained_episodes(complete, 1, step=2, max_carry=2) == {"k1e0"}
+    # carried max_carry steps: due now, even beyond the quota (never carried again)
+    assert trained_episodes(complete, 1, step=2, max_carry=1) == {"k1e0", "k1e5"}
+    assert trained_episodes(complete, 3, step=2, max_carry=1) == {"k1e0", "k1e5", "k2e3"}
+    assert trained_episodes([], 3, step=2, max_carry=1) == set()
