@@ -61,6 +61,7 @@ bench: setup models
 	$(BIN)/python -m bench.lora --json bench/results/lora.json
 	$(BIN)/python -m bench.zero_advantage --json bench/results/zero_advantage.json
 	$(BIN)/python -m bench.longtail --json bench/results/longtail.json
+	$(BIN)/python -m bench.cut --json bench/results/cut.json
 	$(BIN)/python -m bench.word_problems --json bench/results/word_problems.json
 
 clean:

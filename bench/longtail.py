@@ -15,7 +15,9 @@ steps on a fresh default local cluster, interleaved `R` times:
 - `all_three`: all of the above.
 
 The dataset is cut to `--train-size` tasks (default 2 × episodes per step) in every arm, so
-prompts recur and GRESO has a history to select from.
+prompts recur and GRESO has a history to select from. Repeat r runs every arm with run seed r
+(data order and sampling): runs are reproducible, so repeats of one seed would only repeat
+the timing; different seeds also show the reward's run-to-run noise.
 
 Per arm (medians over repeats): `step_s` (median step time over steps >= 1), `rollout_s`
 (the root agent's generate tasks over steps >= 1: what APRIL's cut acts on), `train_s` (the
@@ -27,8 +29,9 @@ reward of the last three steps) and the consistency audit's violations.
 
 Keys (long-tail workload, ratios over the baseline): `april_step_time_ratio`,
 `april_rollout_time_ratio`, `april_c4_step_time_ratio`, `april_c4_rollout_time_ratio`,
-`greso_generated_tokens_ratio`, `greso_reward_delta` (with `baseline_reward_spread`, the
-baseline's own max - min over repeats, to compare it with), `zero_adv_fraction`,
+`greso_generated_tokens_ratio`, `greso_reward_delta` (median over seeds of GRESO minus the
+baseline of the same seed; with `baseline_reward_spread`, the baseline's own max - min over
+seeds, to compare it with), `zero_adv_fraction`,
 `skip_train_time_ratio`, `zero_adv_step_time_ratio`, `all_three_step_time_ratio`,
 `all_three_generated_tokens_ratio`; the same under each workload's name.
 """
@@ -74,23 +77,37 @@ def build_model(workload: str, out: Path, warm_steps: int | None) -> str:
 
 
 def config_copy(
-    workload: str, arm: str, model: str, out: Path, steps: int, eps: int, train_size: int
+    workload: str,
+    arm: str,
+    model: str,
+    out: Path,
+    steps: int,
+    eps: int,
+    train_size: int,
+    seed: int = 0,
 ) -> Path:
-    """The workload as shipped, on `model`, sized for the benchmark, with `arm`'s policies."""
+    """The workload as shipped, on `model`, sized for the benchmark, with `arm`'s policies;
+    `seed` is the run's (data order and sampling)."""
     data = yaml.safe_load(BUILTIN[workload].read_text())
     for agent in data["agents"].values():
         agent["model"] = model
         if arm in ("zero_adv", "all_three"):
             agent["loss"] = {**agent.get("loss", {}), "skip_zero_advantage": True}
     data["dataset"]["train_size"] = train_size
-    data["run"] = {"steps": steps, "episodes_per_step": eps, "micro_batches": 2, "mode": "flex"}
+    data["run"] = {
+        "steps": steps,
+        "episodes_per_step": eps,
+        "micro_batches": 2,
+        "mode": "flex",
+        "seed": seed,
+    }
     if arm in ("april", "all_three"):
         data["run"]["rollout"] = APRIL
     if arm == "april_c4":
         data["run"]["rollout"] = APRIL_C4
     if arm in ("greso", "all_three"):
         data["run"]["select"] = GRESO
-    path = out / f"{workload}-{arm}.yaml"
+    path = out / f"{workload}-{arm}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -144,15 +161,17 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
         return round(arms[arm][key] / base[key], 4)
 
     spread = [r["team_reward_last3"] for r in base["repeats"]]
+    paired = [  # GRESO against the baseline of the same seed
+        g["team_reward_last3"] - b["team_reward_last3"]
+        for g, b in zip(arms["greso"]["repeats"], base["repeats"], strict=True)
+    ]
     return {
         "april_step_time_ratio": over("april", "step_s"),
         "april_rollout_time_ratio": over("april", "rollout_s"),
         "april_c4_step_time_ratio": over("april_c4", "step_s"),
         "april_c4_rollout_time_ratio": over("april_c4", "rollout_s"),
         "greso_generated_tokens_ratio": over("greso", "decode_tokens_per_step"),
-        "greso_reward_delta": round(
-            arms["greso"]["team_reward_last3"] - base["team_reward_last3"], 4
-        ),
+        "greso_reward_delta": round(statistics.median(paired), 4),
         "baseline_reward_spread": round(max(spread) - min(spread), 4),
         "zero_adv_fraction": base["zero_adv_fraction"],
         "skip_train_time_ratio": over("zero_adv", "train_s"),
@@ -192,7 +211,7 @@ def run(
             runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
             for rep in range(repeats):
                 for arm in ARMS:
-                    cfg = config_copy(w, arm, models[w], work, steps, episodes, size)
+                    cfg = config_copy(w, arm, models[w], work, steps, episodes, size, seed=rep)
                     runs[arm].append(run_arm(cfg, work / f"{w}-{arm}-{rep}"))
             arms = {
                 a: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]}
@@ -239,7 +258,7 @@ def render(results: dict[str, Any]) -> None:
                 f"{r['zero_adv_fraction']:.2f}",
                 f"{r['team_reward_last3']:.3f}",
             )
-    Console().print(t)
+    Console(width=160).print(t)
     for w in results["workloads"]:
         r = results[w]
         print(
