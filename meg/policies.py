@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -134,13 +134,15 @@ class GresoSelect(_Policy):
         return max(self.floor, self.explore ** min(streak, self.history))
 
 
-def _named(kind: str, tags: tuple[str, ...]) -> BeforeValidator:
+def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:
     """pydantic's message for a policy block without `policy:` names neither the key nor
-    the choices; this one does (an unknown name is pydantic's own error, which names both)."""
+    the choices; this one does (an unknown name is pydantic's own error, which names both).
+    The known names are read from the models' `policy` literals."""
+    tags = ", ".join(get_args(m.model_fields["policy"].annotation)[0] for m in models)
 
     def check(value: Any) -> Any:
         if isinstance(value, dict) and "policy" not in value:
-            raise ValueError(f"`policy:` is missing; known {kind} policies: {', '.join(tags)}")
+            raise ValueError(f"`policy:` is missing; known {kind} policies: {tags}")
         return value
 
     return BeforeValidator(check)
@@ -149,10 +151,12 @@ def _named(kind: str, tags: tuple[str, ...]) -> BeforeValidator:
 RolloutPolicy = Annotated[
     FullRollout | AprilRollout,
     Field(discriminator="policy"),
-    _named("rollout", ("full", "april")),
+    _named("rollout", FullRollout, AprilRollout),
 ]
 SelectPolicy = Annotated[
-    AllPrompts | GresoSelect, Field(discriminator="policy"), _named("select", ("all", "greso"))
+    AllPrompts | GresoSelect,
+    Field(discriminator="policy"),
+    _named("select", AllPrompts, GresoSelect),
 ]
 
 
