@@ -124,6 +124,26 @@ def test_corrupt_marker(damaged: tuple[Path, str]) -> None:
     _expect(root, StoreError, f"corrupt commit marker at {marker}", table.segments)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("kind", "sows", "its segment id says"),  # once read back as an empty segment
+        ("step", 7, "its segment id says"),
+        ("rows", -1, "is not a count"),
+        ("versions", ["x"], "ValueError"),
+        ("attempt", "../../elsewhere", "is not a folder name"),
+    ],
+)
+def test_a_marker_field_that_contradicts_its_segment_is_corrupt(
+    damaged: tuple[Path, str], field: str, value: object, says: str
+) -> None:
+    root, sid = damaged
+    marker = root / "run/solver/commits" / f"{sid}.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), field: value}))
+    table = MEGStore.open(str(root), "run").table("solver")
+    _expect(root, StoreError, f"corrupt commit marker at {marker}: .*{says}", table.read)
+
+
 def test_corrupt_chunk(damaged: tuple[Path, str]) -> None:
     root, sid = damaged
     (chunk,) = (root / "run/solver/segments" / sid).glob("*/response_ids/c/0")
