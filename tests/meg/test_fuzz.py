@@ -1,7 +1,7 @@
-"""Fuzzing `flexmarl meg validate` (hypothesis, bounded and derandomized for CI): arbitrary
-YAML documents, and arbitrary mutations of every built-in MEG, never give a traceback — the
-command accepts the file (exit 0) or says what is wrong in one line (exit 2). A mutation
-that the loader cannot handle shows up here as an exception out of `main`."""
+"""Fuzzing `flexmarl meg validate` and `flexmarl train`'s checks (hypothesis, bounded and
+derandomized for CI): arbitrary YAML documents, and arbitrary mutations of every built-in
+MEG, never give a traceback — the file is accepted, or what is wrong is said in one line
+(exit 2). A mutation the loader cannot handle shows up here as an exception."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.cli import main
+from flows.cli import main, user_error_types
+from flows.train import TrainParams, check
 from workloads import BUILTIN
 
 FUZZ = settings(
@@ -42,16 +43,22 @@ VALUES = st.recursive(
 
 
 def validate(doc: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    """`meg validate` on `doc` written as YAML: exit 0, or exit 2 with one error line."""
+    """`meg validate` on `doc` written as YAML: exit 0, or exit 2 with one error line; and
+    `flexmarl train`'s checks before anything starts (`flows.train.check`): pass, or raise a
+    user error (what the CLI prints in one line with exit 2), never anything else."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "meg.yaml"
         path.write_text(yaml.safe_dump(doc, allow_unicode=True))
         capsys.readouterr()
         code = main(["meg", "validate", str(path)])
-    out = capsys.readouterr()
-    assert code in (0, 2), (code, out.err)
-    if code == 2:
-        assert out.err.startswith("flexmarl: error: ") and "Traceback" not in out.err
+        out = capsys.readouterr()
+        assert code in (0, 2), (code, out.err)
+        if code == 2:
+            assert out.err.startswith("flexmarl: error: ") and "Traceback" not in out.err
+        try:
+            check(TrainParams(config=str(path), run_dir=str(Path(tmp) / "run")))
+        except user_error_types():
+            pass
 
 
 @FUZZ
