@@ -109,19 +109,17 @@ class CarryIndex:
         return False
 
 
-def token_minima(batch: Any) -> list[int]:
-    """The oldest token version of each row that has response tokens."""
-    return [int(tv.min()) for tv in map(batch.token_version, range(len(batch))) if len(tv)]
-
-
 def carry_violations(
     carries: CarryIndex, batch: Any, step: int, before: int, allowed: int, carry: int
-) -> int:
-    """Rows of a step that break the token rule of partial rollouts (module docstring)."""
+) -> tuple[int, int]:
+    """(rows of a step that break the token rule of partial rollouts (module docstring), the
+    oldest version of any of its response tokens; `before` if it has none)."""
     strict_low = before - allowed
-    bad = 0
+    bad, oldest = 0, before
     for i in range(len(batch)):
         tv, version = batch.token_version(i), batch.policy_version[i]
+        if len(tv):
+            oldest = min(oldest, int(tv.min()))
         if not strict_low - carry <= version <= before or (
             len(tv) and (tv.max() > before or tv.min() < strict_low - carry)
         ):
@@ -131,7 +129,7 @@ def carry_violations(
                 str(batch.sample_id[i]), batch.response(i), tv, step, carry, strict_low
             )
             bad += 0 if ok else 1
-    return bad
+    return bad, oldest
 
 
 def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit:
@@ -147,17 +145,16 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
             before = int(extra["version_before"])
             batch = table.read(segments=rec["segments"])
             lag = before - batch.policy_version  # (N,)
-            if carry:
-                bad = carry_violations(carries, batch, k, before, allowed, carry)
+            oldest = before
+            if carry:  # a continued row's oldest tokens are older than the row's version
+                bad, oldest = carry_violations(carries, batch, k, before, allowed, carry)
                 allowed += carry  # for the message
             else:
                 bad = int(np.sum((lag < 0) | (lag > allowed)))
             steps += 1
             rows += len(batch)
             violations += bad
-            max_lag = max(max_lag, int(lag.max()) if len(lag) else 0)
-            if carry:  # a continued row's oldest tokens are older than the row's version
-                max_lag = max([max_lag] + [before - int(v) for v in token_minima(batch)])
+            max_lag = max(max_lag, before - oldest, int(lag.max()) if len(lag) else 0)
             if bad:
                 problems.append(
                     f"{agent} step {k}: {bad} rows outside versions [{before - allowed}, {before}]"

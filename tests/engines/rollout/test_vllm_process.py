@@ -53,16 +53,16 @@ def test_a_collected_engine_is_parked_while_another_lives(tiny_model_dir: Path) 
     benchmark's dead engines were collected while a shared engine was in the middle of a
     test: "pipeline model parallel group is not initialized".)"""
     from engines.rollout import make_backend
-    from engines.rollout.vllm_backend import _ENGINES
+    from engines.rollout.vllm_engines import ENGINES
 
     params = SamplingParams(n=1, max_tokens=3, seed=1)
     keeper = make_backend("vllm", tiny_model_dir)
     doomed = make_backend("vllm", tiny_model_dir)
     assert doomed.generate([[5, 6, 7]], params) == keeper.generate([[5, 6, 7]], params)
-    parked = len(_ENGINES.parked)
+    parked = len(ENGINES.parked)
     del doomed
     gc.collect()
-    assert len(_ENGINES.parked) == parked + 1
+    assert len(ENGINES.parked) == parked + 1
     assert len(keeper.generate([[5, 6, 7], [8, 9]], params)) == 2  # still alive
 
 
@@ -75,7 +75,7 @@ class _Core:
 
 
 class _FakeLLM:
-    """Only the attribute path `_Engines` shuts an engine down through (no engine needed to
+    """Only the attribute path `Engines` shuts an engine down through (no engine needed to
     check the bookkeeping; the real engines are exercised above)."""
 
     def __init__(self, log: list[str], name: str) -> None:
@@ -83,10 +83,10 @@ class _FakeLLM:
 
 
 def test_parked_engines_are_shut_down_together_when_the_last_backend_goes() -> None:
-    from engines.rollout.vllm_backend import _Engines
+    from engines.rollout.vllm_engines import Engines
 
     log: list[str] = []
-    engines = _Engines()
+    engines = Engines()
     for _ in range(3):
         engines.opened()
     engines.closed(_FakeLLM(log, "a"))
