@@ -96,6 +96,7 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
             "carried_tokens": r["carried_tokens"],
             "offpolicy_tokens": r["offpolicy_tokens"],
             "skipped_prompts": r["skipped_prompts"],
+            "failed_rewards": sum(r["failed_rewards"].values()),
         }
         for r in summary["per_step"]
     ]
@@ -123,6 +124,7 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
         markdown=(
             f"**{summary['steps']} steps** in {summary['wall_s']:.1f} s, utilization "
             f"{summary['utilization']:.2f}, consistency violations {c['violations']} of "
-            f"{c['rows_checked']} rows, resumed segments {summary['resumed_segments']}"
+            f"{c['rows_checked']} rows, resumed segments {summary['resumed_segments']}, "
+            f"failed reward calls {summary['reward_failures'] or 'none'}"
         ),
     )

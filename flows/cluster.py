@@ -196,8 +196,15 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     from distributed import Client
 
     os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
-    # the scheduler of a local cluster lives in this process, whose dask config was read at
-    # import: quiet its per-connection INFO lines here too
+    # this process's dask config was read at import, before the lines above, and a local
+    # cluster's nannies hand it to their workers, over the workers' own environment: apply
+    # the DASK_* settings here too (else every worker kept Dask's profiler running, whose
+    # history grew ~1.6 MB a step for 17 minutes; bench/soak.py)
+    import dask
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("DASK_")}
+    dask.config.update(dask.config.config, dask.config.collect_env(env))
+    # the scheduler of a local cluster lives in this process: quiet its INFO lines too
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cluster = None
     if cfg.scheduler:

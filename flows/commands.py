@@ -206,6 +206,9 @@ def train_cmd(args: argparse.Namespace) -> int:
         f"violations {c['violations']}/{c['rows_checked']} rows, step accounting errors "
         f"{c['accounting_errors']}; run dir {out['run_dir']}"
     )
+    if out["reward_failures"]:
+        failures = ", ".join(f"{a} {n}" for a, n in out["reward_failures"].items())
+        print(f"failed reward calls (scored by run.scoring.on_failure): {failures}")
     r = out["rollout"]
     if r["carried_tokens"] or r["skipped_prompts"]:  # the april / greso policies acted
         print(

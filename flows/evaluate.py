@@ -34,9 +34,9 @@ from flows.config import load_config
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
+from tasks.scoring import Views, call_rewards
 from workloads import resolve_config
 from workloads.datasets import TaskItem, load_dataset
-from workloads.rewards import EpisodeView, SampleView, get_reward
 
 # Neither backend has an argmax mode (SamplingParams rejects temperature 0 on purpose), and
 # a small temperature is not enough: vLLM raises any temperature below 0.01 to 0.01, and an
@@ -242,28 +242,35 @@ def rollout(
 
 def score(
     spec: MEGSpec, samples: dict[str, list[Sampled]], tasks: dict[str, TaskItem]
-) -> dict[str, np.ndarray]:
-    """Reward of each sample per node, from the bound reward functions (0 when unbound)."""
-    views: dict[str, dict[str, SampleView]] = {eid: {} for eid in tasks}
+) -> tuple[dict[str, np.ndarray], int]:
+    """Reward of each sample per node from the bound reward functions (0 when unbound), run
+    in reward processes as in training; a failed call scores 0. Also: how many failed."""
+    views: Views = {eid: {} for eid in tasks}
     for node, rows in samples.items():
         for s in rows:
-            views[s.plan.episode][s.info.id] = SampleView(
-                s.info.id, node, s.text, s.plan.parent_ids()
-            )
-    episodes = {e: EpisodeView(v) for e, v in views.items()}
+            views[s.plan.episode][s.info.id] = {
+                "node": node,
+                "text": s.text,
+                "parents": list(s.plan.parent_ids()),
+            }
+    targets = [
+        (node, s.plan.episode, s.info.id)
+        for node, rows in samples.items()
+        if node in spec.rewards
+        for s in rows
+    ]
+    outcomes = iter(call_rewards(spec, views, tasks, targets))
     out: dict[str, np.ndarray] = {}
+    failed = 0
     for node, rows in samples.items():
         r = np.zeros(len(rows), np.float64)
-        binding = spec.rewards.get(node)
-        if binding is not None:
-            fn = get_reward(binding.fn)
-            for i, s in enumerate(rows):
-                ep = s.plan.episode
-                r[i] = fn(
-                    episodes[ep].samples[s.info.id], episodes[ep], tasks[ep], **binding.params
-                )
+        if node in spec.rewards:
+            for i in range(len(rows)):
+                o = next(outcomes)
+                failed += o.failed
+                r[i] = 0.0 if o.failed else o.reward
         out[node] = r
-    return out
+    return out, failed
 
 
 def examples(
@@ -298,7 +305,7 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
             samples = rollout(spec, source.models, tasks, p.batch_size, p.sampling)
         finally:
             _backend.cache_clear()  # engines die with the evaluation (temp exports go)
-    rewards = score(spec, samples, tasks)
+    rewards, failed = score(spec, samples, tasks)
     per_agent: dict[str, list[np.ndarray]] = {}
     for node, r in rewards.items():
         per_agent.setdefault(spec.nodes[node].agent, []).append(r)
@@ -321,6 +328,7 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
         "agent_reward": {a: _mean(np.concatenate(rs)) for a, rs in sorted(per_agent.items())},
         "team_nodes": team_nodes,
         "team_reward": round(float(np.mean(team)), 4) if team else 0.0,
+        "failed_rewards": failed,  # reward calls that raised or timed out, scored 0
         "examples": examples(samples, tasks, 3),
         "wall_s": round(time.time() - t0, 2),
     }

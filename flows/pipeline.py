@@ -62,7 +62,8 @@ from flows.planning import EpisodePlanner
 from meg import ScoreGroup, expand_episode, score_groups, topological_order
 from meg.sharing import unit_of
 from tasks.context import RunContext
-from tasks.scoring import scoring_plan
+from tasks.failures import FailureBudget
+from tasks.scoring import ScoreRef, scoring_plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ class PipelineConfig:
 Event = Callable[[str, Any], None]
 
 PRIORITY_STRIDE = 1_000_000  # ranks within one step stay below this
+LINEAGE_CUT_EVERY = 20  # steps between lineage cuts (Pipeline.wait_window)
 
 
 def task_priority(step: int, rank: int) -> int:
@@ -141,6 +143,11 @@ def host_worker(host: str) -> str:
     return host.rsplit("#", 1)[0]
 
 
+def _drop_before(table: dict[Any, Any], at: int, k: int) -> list[Any]:
+    """Remove the entries whose step (`key[at]`) is < k; return their values."""
+    return [table.pop(key) for key in [key for key in table if key[at] < k]]
+
+
 class Pipeline:
     """Holds the futures of the steps in flight; the flow drives it phase by phase."""
 
@@ -172,6 +179,8 @@ class Pipeline:
             units, rollout_hosts(workers, len(units))
         )
         self.on_event = on_event or (lambda kind, ref: None)
+        scoring = spec.run.scoring
+        self.failures = FailureBudget(scoring.max_failed_fraction, scoring.min_samples)
         self.samples_per_episode = {n: len(s) for n, s in expand_episode(spec).samples.items()}
         self.gen: dict[tuple[str, int, int], Any] = {}
         self.score: dict[tuple[int, int, int], Any] = {}
@@ -179,6 +188,8 @@ class Pipeline:
         self.step: dict[tuple[str, int], Any] = {}
         self._pending: list[tuple[str, Any, str | None, int]] = []  # kind, handle, host, est
         self._gens_left: dict[int, int] = {}
+        self._refs: dict[int, tuple[Any, Any]] = {}  # id(handle) -> (handle, its result)
+        self._forgotten = 0  # steps below this one have no handles any more
         self.results: list[Any] = []
         self.logs: dict[int, StepLog] = {}
         self._rr = 0
@@ -210,7 +221,7 @@ class Pipeline:
                 parents = tuple(self.gen[(p, k, j)] for p in spec.nodes[node].inputs)
                 previous_mb = (self.gen[(node, k, j - 1)],) if j else ()
                 if self.carries and node == self.root and (node, k - 1, j) in self.gen:
-                    previous_mb += (self.gen[(node, k - 1, j)],)  # resumes what that one cut
+                    previous_mb += (self._resolved(self.gen[(node, k - 1, j)]),)  # resumes it
                 self.gen[(node, k, j)] = self._submit(
                     "generate",
                     dict(
@@ -260,7 +271,7 @@ class Pipeline:
         follow the need order."""
         m = self.cfg.micro_batches
         for rank, agent in enumerate(self.agents):
-            chain = self.step.get((agent, k - 1))
+            chain = self._resolved(self.step.get((agent, k - 1)))
             worker = self.train_worker[agent]
             for j in range(m):
                 scores = self.scores_for(agent, k, j)
@@ -286,11 +297,17 @@ class Pipeline:
     def _weights_dep(self, agent: str, k: int) -> tuple[Any, tuple[Any, ...]]:
         """(the step whose published version this rollout needs, extra barrier deps)."""
         lag = 1 + (self.ctx.staleness if self.ctx.mode == "async" else 0)
-        weights = self.step.get((agent, k - lag))
+        weights = self._resolved(self.step.get((agent, k - lag)))
         barrier: tuple[Any, ...] = ()
         if self.ctx.mode == "sync":
-            barrier = tuple(self.step[(a, k - 1)] for a in self.agents if (a, k - 1) in self.step)
+            prev = [self.step[(a, k - 1)] for a in self.agents if (a, k - 1) in self.step]
+            barrier = tuple(self._resolved(h) for h in prev)
         return weights, barrier
+
+    def _resolved(self, handle: Any) -> Any:
+        """A finished task's result, else its handle: a value ends the lineage there."""
+        held, ref = self._refs.get(id(handle), (None, None))
+        return ref if held is handle and handle is not None else handle
 
     # ---- waiting ------------------------------------------------------------------------
     def _submit(
@@ -318,7 +335,9 @@ class Pipeline:
             return 0
         refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
         self._pending = still
-        for (kind, _, host, est), ref in zip(done, refs, strict=True):
+        for (kind, handle, host, est), ref in zip(done, refs, strict=True):
+            if ref.step >= self._forgotten:
+                self._refs[id(handle)] = (handle, ref)
             self.results.append(ref)
             if ref.step in self.logs:
                 self.logs[ref.step].add(ref)
@@ -329,6 +348,8 @@ class Pipeline:
                 if self._gens_left[ref.step] == 0:
                     self.balancer.end_step()
             self.on_event(kind, ref)
+            if isinstance(ref, ScoreRef):  # past the failure budget: the run stops here
+                self.failures.add(ref.step, ref.rows, ref.failed, ref.failure)
         return len(done)
 
     def wait(self, predicate: Callable[[], bool], interval: float = 0.05) -> None:
@@ -339,10 +360,28 @@ class Pipeline:
             time.sleep(interval)
 
     def wait_window(self, k: int) -> None:
-        """Block until at most `window` steps are in flight before step k is submitted."""
+        """Block until at most `window` steps are in flight before step k is submitted.
+
+        Every LINEAGE_CUT_EVERY steps, until none is: step k then gets its inputs from older
+        steps as values (`_resolved`), so no task of step >= k depends on an older task. Dask
+        keeps a finished task and its arguments while a task that depends on it exists: with
+        no cut, every task of the run stayed on the scheduler, ~25 KB each (bench/soak.py)."""
         old = k - self.cfg.window
         handles = [self.step[(a, old)] for a in self.agents if (a, old) in self.step]
+        if k % LINEAGE_CUT_EVERY == 0:
+            handles = [h for t in (self.gen, self.score, self.train, self.step) for h in t.values()]
         self.wait(lambda: all(self.ex.done(h) for h in handles))
+        self.poll()  # collect what finished after the last poll: `_resolved` needs it
+        self.forget_before(k - max(self.cfg.window, 1 + self.ctx.staleness))
+
+    def forget_before(self, k: int) -> None:
+        """Drop the handles of steps < k (step k uses steps >= k - max(window, 1 + η); a
+        running task stays held by `_pending`). Held, each kept its task's result and
+        arguments alive on the scheduler and the workers for the whole run (bench/soak.py)."""
+        self._forgotten = max(self._forgotten, k)
+        for table, at in ((self.gen, 1), (self.score, 0), (self.train, 1), (self.step, 1)):
+            for handle in _drop_before(table, at, k):
+                self._refs.pop(id(handle), None)
 
     def handles_of(self, k: int) -> list[Any]:
         """Every submitted handle of step k (generate, score, train, optimizer step)."""

@@ -28,7 +28,14 @@ class Progress:
         self.console = console or Console(stderr=True)
         self.live_mode = self.console.is_terminal and sys.stderr.isatty()
         self.state: dict[str, dict[str, Any]] = {
-            a: {"step": "-", "version": 0, "reward": float("nan"), "tokens": 0, "stage": "waiting"}
+            a: {
+                "step": "-",
+                "version": 0,
+                "reward": float("nan"),
+                "tokens": 0,
+                "failed": 0,
+                "stage": "waiting",
+            }
             for a in agents
         }
         self.team: dict[int, RewardSum] = defaultdict(RewardSum)
@@ -56,7 +63,7 @@ class Progress:
 
     def _table(self) -> Table:
         t = Table(title=f"flexmarl: {self.steps_done}/{self.steps} agent-steps done")
-        for col in ("agent", "step", "version", "reward", "tokens", "stage"):
+        for col in ("agent", "step", "version", "reward", "tokens", "failed", "stage"):
             t.add_column(col, justify="left" if col in ("agent", "stage") else "right")
         for a in self.agents:
             s = self.state[a]
@@ -66,6 +73,7 @@ class Progress:
                 str(s["version"]),
                 f"{s['reward']:.3f}",
                 str(s["tokens"]),
+                str(s["failed"]),
                 s["stage"],
             )
         return t
@@ -80,6 +88,8 @@ class Progress:
             for a, r in ref.agent_reward.items():
                 if r.mean is not None:
                     self.state[a]["reward"] = r.mean
+            for a, n in ref.failed.items():
+                self.state[a]["failed"] += n
         elif isinstance(ref, TrainRef):
             self.state[ref.agent]["stage"] = f"trained k={ref.step} mb={ref.micro_batch}"
         elif isinstance(ref, StepRef):
@@ -99,6 +109,8 @@ class Progress:
         if not self.live_mode:
             team = self.team[ref.step].mean
             tr = f" team reward {team:.3f}" if team is not None else ""
+            failed = self.state[ref.agent]["failed"]
+            tr += f", {failed} failed reward calls so far" if failed else ""
             self.console.print(
                 f"[step {ref.step}] {ref.agent}: version {ref.version}, loss {ref.loss:.4f}"
                 f"{' (skipped: non-finite)' if ref.skipped else ''}{tr}",

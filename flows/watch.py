@@ -35,7 +35,10 @@ def describe(ref: Any) -> str:
     if isinstance(ref, ScoreRef):
         rewards = ", ".join(f"{a} {r.mean:.3f}" for a, r in ref.agent_reward.items() if r.count)
         team = f"; team {ref.team.mean:.3f}" if ref.team.count else ""
-        return f"score {'+'.join(ref.nodes)} mb={ref.micro_batch}: {rewards}{team} [{where}]"
+        failed = "".join(f"; {n} failed ({a})" for a, n in ref.failed.items())
+        return (
+            f"score {'+'.join(ref.nodes)} mb={ref.micro_batch}: {rewards}{team}{failed} [{where}]"
+        )
     if isinstance(ref, TrainRef):
         return (
             f"train {ref.agent} mb={ref.micro_batch}: {ref.rows} rows, loss {ref.loss:.4f} "

@@ -218,6 +218,9 @@ class RewardSpec(_Frozen):
 
     fn: str = Field(description="A registered reward name, or `module:function` of your own.")
     params: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = Field(
+        None, gt=0.0, description="Per-call timeout, seconds; default `run.scoring.timeout_s`."
+    )
 
 
 class ExchangeSpec(_Frozen):
@@ -266,6 +269,30 @@ class DatasetSpec(_Frozen):
     question_tokens: int = Field(16, ge=1, description="Estimate used by `meg show` only.")
 
 
+class ScoringSpec(_Frozen):
+    """How reward calls run and what a failing one costs (docs/rewards.md#failures).
+
+    Every call runs in a reward process with a timeout; a call that raises, returns a
+    non-number or runs over is `failed` with the reason in the store, scored by
+    `on_failure`, and the run goes on — until more than `max_failed_fraction` of the scored
+    samples have failed (counted once `min_samples` are scored), which stops the run.
+    """
+
+    timeout_s: float = Field(5.0, gt=0.0, description="Per-call timeout, seconds.")
+    on_failure: Literal["zero", "drop_group"] = Field(
+        "zero",
+        description="`zero`: a failed sample gets reward 0 and its group is scored as usual; "
+        "`drop_group`: its whole group gets advantage 0 (no learning signal).",
+    )
+    max_failed_fraction: float = Field(
+        0.2, ge=0.0, le=1.0, description="Stop the run when more samples than this failed."
+    )
+    min_samples: int = Field(
+        50, ge=1, description="Scored samples before `max_failed_fraction` is applied."
+    )
+    processes: int = Field(2, ge=1, description="Reward processes per worker.")
+
+
 class RunSpec(_Frozen):
     """Run-level defaults; every one can be overridden on the command line."""
 
@@ -291,6 +318,9 @@ class RunSpec(_Frozen):
         AllPrompts(),
         description="Which planned prompts are rolled out: `all` (default) or `greso` (skip "
         "prompts whose recent groups all got one reward).",
+    )
+    scoring: ScoringSpec = Field(
+        ScoringSpec(), description="Reward calls: timeout, failure rule, failure budget."
     )
 
 

@@ -12,23 +12,34 @@ Sharp edges:
 - Listings on object stores are never cached here: new commits by other writers must show.
 - ``put_files`` writes many new files under a fresh, private folder (a segment attempt)
   without per-file atomicity: nothing reads that folder before its commit marker exists.
+- A full disk (ENOSPC, EDQUOT) raises ``StoreFullError`` naming the path; a temp file the
+  failed write left is removed.
+- fsspec backends run every operation under a ``storage.retry.RetryPolicy`` (from
+  ``storage_options["store_retry"]``): an object store that goes away and comes back is
+  waited for, one that does not raises ``StoreUnavailableError`` naming the endpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import fsspec
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
 from meg.registry import Registry
-from storage.errors import StoreError
+from storage.errors import StoreError, StoreFullError
+from storage.retry import RETRY_OPTION, Retrier, RetryingStore, RetryPolicy, endpoint_of
+
+T = TypeVar("T")
+FULL_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}
 
 
 class Backend(Protocol):
@@ -66,6 +77,29 @@ def split_scheme(url: str) -> tuple[str, str]:
     return scheme, rest
 
 
+@contextmanager
+def full_disk(path: str) -> Iterator[None]:
+    """Turn "no space left on device" (or "quota exceeded") into a StoreFullError naming
+    ``path``: a bare OSError from deep inside a write says neither where nor what to do."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in FULL_ERRNOS:
+            raise
+        raise StoreFullError(
+            f"no space left writing {path} ({FULL_ERRNOS[e.errno]}: {e.strerror}); nothing "
+            "of this write is visible to readers — free space (or raise the quota), then "
+            "run the same write again (resume the run)",
+            path,
+            e.errno,
+        ) from e
+
+
+def _unlink_quietly(path: str) -> None:
+    with suppress(OSError):
+        os.unlink(path)
+
+
 def open_backend(url: str, storage_options: dict[str, Any] | None = None) -> Backend:
     scheme, _ = split_scheme(url)
     factory = BACKENDS.get(scheme if scheme in BACKENDS else "*")
@@ -94,10 +128,15 @@ class LocalBackend:
             return f.read()
 
     def _tmp(self, path: str, data: bytes) -> str:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.partial"
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with full_disk(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+            except BaseException:
+                _unlink_quietly(tmp)  # a cut-short temp file would hold the space it got
+                raise
         return tmp
 
     def write(self, path: str, data: bytes) -> None:
@@ -106,7 +145,8 @@ class LocalBackend:
     def put_if_absent(self, path: str, data: bytes) -> bool:
         tmp = self._tmp(path, data)
         try:
-            os.link(tmp, path)  # atomic and exclusive: fails if path exists
+            with full_disk(path):
+                os.link(tmp, path)  # atomic and exclusive: fails if path exists
             return True
         except FileExistsError:
             return False
@@ -118,11 +158,12 @@ class LocalBackend:
         for rel, data in files.items():
             path = os.path.join(folder, rel)
             parent = os.path.dirname(path)
-            if parent not in made:
-                os.makedirs(parent, exist_ok=True)
-                made.add(parent)
-            with open(path, "xb") as f:  # "x": a fresh attempt folder never has the file
-                f.write(data)
+            with full_disk(path):
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                with open(path, "xb") as f:  # "x": a fresh attempt folder never has the file
+                    f.write(data)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
@@ -148,48 +189,80 @@ _MEMORY_LOCK = threading.Lock()
 @register_backend("*")
 class FsspecBackend:
     """Any fsspec filesystem (s3, memory, gcs, ...). Exclusive put: S3 conditional write,
-    a process-local lock for memory://, and check-then-put elsewhere (documented race)."""
+    a process-local lock for memory://, and check-then-put elsewhere (documented race).
+    Every operation runs under the backend's Retrier (storage.retry); ``memory://`` never
+    fails transiently, so there it costs one function call."""
 
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         scheme, rest = split_scheme(url)
+        options = dict(storage_options)
+        policy = RetryPolicy.from_options(options.pop(RETRY_OPTION, None))
         self.scheme = scheme
-        self.storage_options = storage_options
-        self.fs = fsspec.filesystem(scheme, **storage_options)
+        self.storage_options = options  # what fsspec gets: without our retry policy
+        self.fs = fsspec.filesystem(scheme, **options)
         self.root = rest.rstrip("/")
         self.url = f"{scheme}://{self.root}"
         self.per_process = scheme == "memory"
+        self.retry = Retrier(policy, self.url, endpoint_of(scheme, options))
+
+    def _do(self, what: str, path: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` under the retry policy; an async filesystem gets the
+        per-attempt deadline as fsspec's ``timeout=`` (its sync wrapper cancels on expiry)."""
+
+        def once(timeout: float) -> T:
+            deadline = {"timeout": timeout} if self.fs.async_impl else {}
+            with full_disk(self.url_of(path)):
+                return fn(*args, **kwargs, **deadline)
+
+        return self.retry.call(what, self.url_of(path), once)
 
     def join(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
     def read(self, path: str) -> bytes:
-        return bytes(self.fs.cat_file(path))
+        return bytes(self._do("read", path, self.fs.cat_file, path))
 
     def write(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(path, data)
+        self._do("write", path, self.fs.pipe_file, path, data)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
         if self.scheme in ("s3", "s3a"):
             try:
-                self.fs.pipe_file(path, data, mode="create")
+                self._do("commit", path, self.fs.pipe_file, path, data, mode="create")
                 return True
             except (FileExistsError, OSError) as e:
-                if self._exists_fresh(path):
-                    return False
-                raise StoreError(f"could not write commit marker {self.url_of(path)}: {e}") from e
+                return self._settle(path, data, e)
         with _MEMORY_LOCK:  # exact for memory://; best effort for other fsspec stores
             if self._exists_fresh(path):
-                return False
-            self.fs.pipe_file(path, data)
+                return self._read_fresh(path) == data  # ours, if an earlier try landed
+            self._do("commit", path, self.fs.pipe_file, path, data)
             return True
+
+    def _settle(self, path: str, data: bytes, e: OSError) -> bool:
+        """After a refused conditional put: did *our* bytes land (a retried request whose
+        first try succeeded, or a request the server ran after the client gave up on it)?
+        Reading the object back decides; the marker and manifest bytes are unique per
+        attempt (attempt id, time), so equal bytes mean ours."""
+        found = self._read_fresh(path)
+        if found is not None:
+            return found == data
+        raise StoreError(f"could not write commit marker {self.url_of(path)}: {e}") from e
+
+    def _read_fresh(self, path: str) -> bytes | None:
+        self.fs.invalidate_cache(path)
+        try:
+            return self.read(path)
+        except FileNotFoundError:
+            return None
 
     def put_files(self, folder: str, files: Mapping[str, memoryview]) -> None:
         # one call: async filesystems (s3) put the files concurrently
-        self.fs.pipe({f"{folder}/{rel}": bytes(data) for rel, data in files.items()})
+        payload = {f"{folder}/{rel}": bytes(data) for rel, data in files.items()}
+        self._do("write", folder, self.fs.pipe, payload)
 
     def _exists_fresh(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
-        return bool(self.fs.exists(path))
+        return bool(self._do("exists", path, self.fs.exists, path))
 
     def exists(self, path: str) -> bool:
         return self._exists_fresh(path)
@@ -197,19 +270,21 @@ class FsspecBackend:
     def listdir(self, path: str) -> list[str]:
         self.fs.invalidate_cache(path)
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self._do("list", path, self.fs.ls, path, detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
     def rm_tree(self, path: str) -> None:
         if self._exists_fresh(path):
-            self.fs.rm(path, recursive=True)
+            with suppress(FileNotFoundError):  # a retried removal whose first try got there
+                self._do("remove", path, self.fs.rm, path, recursive=True)
 
     def url_of(self, path: str) -> str:
         return f"{self.scheme}://{path}"
 
     def zarr_store(self, path: str, *, read_only: bool) -> Store:
-        return FsspecStore.from_url(
+        store = FsspecStore.from_url(
             self.url_of(path), storage_options=self.storage_options or None, read_only=read_only
         )
+        return RetryingStore(store, self.retry)

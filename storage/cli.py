@@ -96,6 +96,7 @@ def store_show(
             "reward": None if np.isnan(b.reward[i]) else float(b.reward[i]),
             "advantage": None if np.isnan(b.advantage[i]) else float(b.advantage[i]),
             "finish": str(b.finish_reason[i]),
+            "status": str(b.score_status[i]) or "unscored",  # ok | failed: why | dropped: why
         }
         for i in range(len(b))
     ]

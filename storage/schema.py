@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,7 @@ class SegmentKey:
 
 # name -> (numpy dtype kind, per-row?) ; "ragged" columns are flat values with offsets.
 STR_COLUMNS = ("sample_id", "group_id", "parent_ids", "node", "episode", "finish_reason")
+ROW_STR = (*STR_COLUMNS, "score_status")  # score_status: from score segments, not rows ones
 ROW_NUMERIC = {
     "step": np.int64,
     "policy_version": np.int64,
@@ -121,14 +122,19 @@ class SampleBatch:
     finish_reason: np.ndarray  # (N,) str "stop" | "length"
     gen_start: np.ndarray  # (N,) float64 unix seconds
     gen_end: np.ndarray  # (N,) float64 unix seconds
+    # (N,) str, joined from the score segment: "" until scored, then "ok", "failed: <why>"
+    # (the reward call raised or timed out) or "dropped: ..." (its group was dropped)
+    score_status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.str_))
 
     def __post_init__(self) -> None:
-        for name in STR_COLUMNS:
+        if len(self.score_status) == 0 and len(self.sample_id):
+            object.__setattr__(self, "score_status", np.full(len(self.sample_id), "", np.str_))
+        for name in ROW_STR:
             object.__setattr__(self, name, _as_str(getattr(self, name)))
         for name, dtype in {**ROW_NUMERIC, **FLAT}.items():
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype))
         n = len(self.sample_id)
-        for name in (*STR_COLUMNS, *ROW_NUMERIC):
+        for name in (*ROW_STR, *ROW_NUMERIC):
             arr = getattr(self, name)
             if arr.shape != (n,):
                 raise ValueError(
@@ -190,7 +196,7 @@ class SampleBatch:
         idx = np.asarray(index)
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64).reshape(-1)
         cols: dict[str, np.ndarray] = {}
-        for name in (*STR_COLUMNS, *ROW_NUMERIC):
+        for name in (*ROW_STR, *ROW_NUMERIC):
             cols[name] = getattr(self, name)[idx]
         for values, offsets, extra in (
             ("prompt_ids", "prompt_offsets", ()),

@@ -46,7 +46,10 @@ ROWS_LAYOUT: Layout = {
     "token_versions": None,  # (R,) int64, zstd: one run of equal values per row, ~free
 }
 COMPRESSED = frozenset({"token_versions"})
-SCORES_LAYOUT: Layout = {"strings": ("sample_id",), "row_float32": ("reward", "advantage")}
+SCORES_LAYOUT: Layout = {"strings": ("sample_id", "status"), "row_float32": ("reward", "advantage")}
+# columns a segment written by an earlier version lacks, and the value they read back as
+# (score segments before the status column held only scored-as-usual rows)
+DEFAULTS: Mapping[str, str] = {"status": "ok"}
 LAYOUTS: dict[str, Layout] = {"rows": ROWS_LAYOUT, "scores": SCORES_LAYOUT, "carry": ROWS_LAYOUT}
 
 
@@ -66,15 +69,29 @@ def unpack(
     for name, cols in layout.items():
         values, stored = arrays[name]
         want = 1 if cols is None else 2
-        if values.ndim != want or (cols is not None and stored != list(cols)):
+        older = cols is not None and isinstance(stored, list) and _older_columns(stored, cols)
+        if values.ndim != want or (cols is not None and stored != list(cols) and not older):
             raise IntegrityError(
                 f"segment {where} is damaged: array {name!r} has {values.ndim} dims and columns "
                 f"{stored!r}; expected {want} dims and columns {cols!r}"
             )
         if values.dtype.kind == "T":  # zarr gives numpy StringDType; batches use "<U"
             values = np.asarray(values.tolist(), np.str_).reshape(values.shape)
-        out.update({name: values} if cols is None else dict(zip(cols, values, strict=True)))
+        if cols is None:
+            out[name] = values
+            continue
+        out.update(zip(stored, values, strict=True))
+        n = values.shape[1]
+        out.update({c: np.full(n, DEFAULTS[c]) for c in cols if c not in stored})
     return out
+
+
+def _older_columns(stored: list[str], cols: tuple[str, ...]) -> bool:
+    """`stored` is `cols` as an earlier version wrote them: the same order, less columns
+    that have a default."""
+    return [c for c in cols if c in stored] == stored and all(
+        c in DEFAULTS for c in cols if c not in stored
+    )
 
 
 async def _encode(

@@ -29,6 +29,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from storage.errors import IntegrityError, StoreError
+from storage.retry import RETRY_OPTION
 
 Tensors = dict[str, torch.Tensor]
 
@@ -230,7 +231,10 @@ class StateStore:
 
     def __init__(self, root_url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.root_url = root_url.rstrip("/")
-        self.storage_options = dict(storage_options or {})
+        # a run's storage_options may carry the MEG Store's retry policy: not an fsspec option
+        self.storage_options = {
+            k: v for k, v in (storage_options or {}).items() if k != RETRY_OPTION
+        }
         self._refs: dict[str, StateRef] = {}
         self._memory: dict[str, tuple[Tensors, dict[str, Any]]] = {}
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from storage import segments as seg
-from storage.errors import StoreError
+from storage.errors import StoreError, StoreFullError, StoreUnavailableError
 from storage.manifest import (
     TABLE_FORMAT,
     SegmentInfo,
@@ -102,19 +103,27 @@ class Table:
         return seg.read_many([self._job(info)], "carry")[0]
 
     def write_scores(
-        self, key: SegmentKey, sample_ids: Any, reward: Any, advantage: Any
+        self,
+        key: SegmentKey,
+        sample_ids: Any,
+        reward: Any,
+        advantage: Any,
+        status: Any = None,
     ) -> SegmentRef:
+        """Commit the score segment of `key`. `status` per row: "ok" (the default), "failed:
+        <why>" or "dropped: <why>" (see `tasks.scoring`); reward/advantage as computed."""
         ids = np.asarray(sample_ids, dtype=np.str_).reshape(-1)
         r = np.asarray(reward, dtype=np.float32).reshape(-1)
         a = np.asarray(advantage, dtype=np.float32).reshape(-1)
-        if not (len(ids) == len(r) == len(a)):
+        st = np.full(len(ids), "ok") if status is None else np.asarray(status, np.str_)
+        if not (len(ids) == len(r) == len(a) == len(st.reshape(-1))):
             raise StoreError(
-                f"scores for {key.id}: sample_ids ({len(ids)}), reward ({len(r)}) and "
-                f"advantage ({len(a)}) must have the same length"
+                f"scores for {key.id}: sample_ids ({len(ids)}), reward ({len(r)}), "
+                f"advantage ({len(a)}) and status ({st.size}) must have the same length"
             )
         if len(np.unique(ids)) != len(ids):
             raise StoreError(f"scores for {key.id}: sample_ids must be unique")
-        cols = {"sample_id": ids, "reward": r, "advantage": a}
+        cols = {"sample_id": ids, "reward": r, "advantage": a, "status": st.reshape(-1)}
         return self._commit(key, "scores", len(ids), (), cols)
 
     def _commit(
@@ -132,12 +141,25 @@ class Table:
         attempt = new_attempt_id()
         folder = self._p("segments", sid, attempt)
         attrs = {"segment_id": sid, "attempt": attempt, "kind": kind}
-        self.b.put_files(folder, seg.encode(columns, kind, attrs))  # all data, then the marker
+        files = seg.encode(columns, kind, attrs)
+        try:
+            self.b.put_files(folder, files)  # all data, then the marker
+        except StoreUnavailableError:
+            raise  # the server is away: its stalled requests may still land, nothing to undo
+        except Exception:
+            with suppress(OSError, StoreError):  # best effort: never hide the real error
+                self.b.rm_tree(folder)  # e.g. a full disk: give back what the attempt took
+            raise
         t0 = time.perf_counter()
         info = SegmentInfo(
             sid, kind, key.step, key.micro_batch, key.node, rows, versions, attempt, time.time()
         )
-        won = self.b.put_if_absent(self._p("commits", sid + ".json"), marker_bytes(info))
+        try:
+            won = self.b.put_if_absent(self._p("commits", sid + ".json"), marker_bytes(info))
+        except StoreFullError:
+            with suppress(OSError, StoreError):
+                self.b.rm_tree(folder)  # the marker was never linked: nothing is committed
+            raise
         self.last_marker_s = time.perf_counter() - t0  # the commit point itself (benchmarks)
         if won:
             self._infos[sid] = info
@@ -255,24 +277,29 @@ class Table:
         if not infos or not len(batch):
             return batch
         reward, adv = batch.reward.copy(), batch.advantage.copy()
+        status = batch.score_status.astype(object)
         index = {sid: i for i, sid in enumerate(batch.sample_id.tolist())}
         source: dict[int, str] = {}
         for info, cols in zip(
             infos, seg.read_many([self._job(i) for i in infos], "scores"), strict=True
         ):
-            for sid, r, a in zip(
-                cols["sample_id"].tolist(), cols["reward"], cols["advantage"], strict=True
+            for sid, r, a, st in zip(
+                cols["sample_id"].tolist(),
+                cols["reward"],
+                cols["advantage"],
+                cols["status"].tolist(),
+                strict=True,
             ):
                 i = index.get(sid)
                 if i is None:
                     continue
-                if i in source and (reward[i], adv[i]) != (r, a):
+                if i in source and not _same_score((reward[i], adv[i], status[i]), (r, a, st)):
                     raise StoreError(
                         f"sample {sid} has different scores in segments {source[i]} and "
                         f"{info.segment_id} of table {self.agent!r}"
                     )
-                reward[i], adv[i], source[i] = r, a, info.segment_id
-        return batch.replace(reward=reward, advantage=adv)
+                reward[i], adv[i], status[i], source[i] = r, a, st, info.segment_id
+        return batch.replace(reward=reward, advantage=adv, score_status=status.astype(np.str_))
 
     # -- consumption log -----------------------------------------------------------------
     def record_consumption(
@@ -317,3 +344,9 @@ class Table:
                 if record is not None:
                     out[int(name[:-5])] = record
         return dict(sorted(out.items()))
+
+
+def _same_score(a: tuple[float, float, str], b: tuple[float, float, str]) -> bool:
+    """Equal scores; NaN (a failed sample's reward under `drop_group`) equals NaN."""
+    same = (x == y or (np.isnan(x) and np.isnan(y)) for x, y in zip(a[:2], b[:2], strict=True))
+    return a[2] == b[2] and all(same)

@@ -92,8 +92,11 @@ def read_scored(
 def already_stepped(ctx: RunContext, agent: str, step: int) -> dict[str, Any] | None:
     """The consumption record of (agent, step) if that step's result is also checkpointed.
 
-    A logged step whose checkpoint was lost (checkpoint_every > 1) must run again from the
-    older checkpoint; re-recording the same segments and versions is then a no-op."""
+    A logged step whose checkpoint was lost (checkpoint_every > 1, a write that failed on a
+    full disk, or a corrupt checkpoint that `latest_checkpoint` set aside) must run again
+    from the older checkpoint; re-recording the same segments and versions is then a no-op.
+    "Checkpointed" means the newest checkpoint that passes its digest: the one a rebuilt
+    trainer is restored from (`restore_latest`), so the two never disagree."""
     logged = store_of(ctx).table(agent).consumption(step)
     if logged is None:
         return None

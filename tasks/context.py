@@ -8,7 +8,7 @@ worker-local caches of `tasks.worker`, keyed by the context.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from meg import MEGSpec
@@ -39,6 +39,26 @@ class RunContext:
 
     def checkpoint_root(self, agent: str) -> str:
         return f"{self.store_url.rstrip('/')}/{self.run_id}/_checkpoints/{agent}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Unpickled copies of one context are one object per process. Dask keeps the
+        arguments of every task in a run's lineage (finished ones too, to recompute them),
+        on the scheduler and on the workers: each task held its own copy of the whole MEG,
+        ~45 KB, 33 copies a fanout step (bench/soak.py)."""
+        return (_interned, tuple(getattr(self, f.name) for f in fields(self)))
+
+
+_INTERNED: dict[str, RunContext] = {}  # run id -> this process's copy (a few runs at most)
+
+
+def _interned(*values: Any) -> RunContext:
+    ctx = RunContext(*values)
+    held = _INTERNED.pop(ctx.run_id, None)
+    ctx = held if held == ctx else ctx  # a resumed run may change its fields: then the new one
+    _INTERNED[ctx.run_id] = ctx  # most recent last
+    while len(_INTERNED) > 8:
+        del _INTERNED[next(iter(_INTERNED))]
+    return ctx
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ Rewards for a node with no binding are 0 (its agent then gets no signal).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +24,14 @@ from engines.training.advantages import compute_advantages
 from meg import MEGSpec, ScoreGroup, score_groups, sinks
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext, Stopwatch, Timing
+from tasks.failures import NodeScores, ScoredRows, apply_failure_rule
+from tasks.reward_calls import Call, Job, Outcome, pool_for
 from tasks.rollout import Episode
 from tasks.worker import plugins_of, store_of, tokenizer_of
-from workloads.rewards import EpisodeView, SampleView, get_reward, reward_reads
+from workloads.datasets import TaskItem
+from workloads.rewards import reward_reads
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,12 @@ class RewardSum:
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
+    @staticmethod
+    def of(rewards: np.ndarray) -> RewardSum:
+        """The sum and count of the rewards that exist (NaN: a failed call, dropped)."""
+        ok = rewards[~np.isnan(rewards)]
+        return RewardSum(float(ok.sum()), len(ok))
+
 
 @dataclass(frozen=True, slots=True)
 class ScoreRef:
@@ -51,6 +64,8 @@ class ScoreRef:
     agent_reward: dict[str, RewardSum]
     team: RewardSum  # rewards of the team nodes among `nodes` (count 0: none of them)
     timing: Timing
+    failed: dict[str, int] = dataclasses.field(default_factory=dict)  # agent → failed calls
+    failure: str = ""  # one failed call's sample and reason, for the error that stops a run
 
 
 def scoring_plan(spec: MEGSpec) -> tuple[ScoreGroup, ...]:
@@ -64,52 +79,78 @@ def scoring_plan(spec: MEGSpec) -> tuple[ScoreGroup, ...]:
     return score_groups(spec, reads)
 
 
+Views = dict[str, dict[str, dict[str, Any]]]  # episode → sample id → {node, text, parents}
+
+
+def call_rewards(
+    spec: MEGSpec, views: Views, tasks: dict[str, TaskItem], targets: list[tuple[str, str, str]]
+) -> list[Outcome]:
+    """The outcome of the reward bound to each target `(node, episode, sample id)` (every
+    target's node must have one), run in this process's reward processes
+    (`tasks.reward_calls`: a timeout per call; a failing call fails only its sample)."""
+    calls: dict[str, list[Call]] = defaultdict(list)
+    index: dict[str, list[int]] = defaultdict(list)  # episode → positions in `targets`
+    for k, (node, ep, sid) in enumerate(targets):
+        binding = spec.rewards[node]
+        timeout = binding.timeout_s or spec.run.scoring.timeout_s
+        calls[ep].append(Call(sid, binding.fn, binding.params, timeout))
+        index[ep].append(k)
+    jobs = [Job(dataclasses.asdict(tasks[ep]), views[ep], tuple(cs)) for ep, cs in calls.items()]
+    out: list[Outcome] = [Outcome(float("nan"))] * len(targets)
+    pool = pool_for(spec.plugins, spec.run.scoring.processes)
+    for ep, outcomes in zip(calls, pool.run(jobs), strict=True):
+        for k, o in zip(index[ep], outcomes, strict=True):
+            out[k] = o
+            if o.failed:
+                log.warning("reward of %s failed: %s", targets[k][2], o.error)
+    return out
+
+
 def reward_rows(
     ctx: RunContext,
     batches: dict[str, SampleBatch],
     episodes: tuple[Episode, ...],
     nodes: tuple[str, ...],
-) -> dict[str, np.ndarray]:
-    """Reward per row of each of `nodes`, from the bound reward functions; the episode views
-    hold every batch in `batches`."""
+) -> dict[str, NodeScores]:
+    """Rewards and call outcomes per row of each of `nodes` (`call_rewards`); the episode
+    views hold every batch in `batches`."""
     spec = ctx.spec
-    tasks = dict(episodes)
-    views: dict[str, dict[str, SampleView]] = defaultdict(dict)
+    views: Views = defaultdict(dict)
     for node, b in batches.items():
         tok = tokenizer_of(ctx, spec.nodes[node].agent)
         for i in range(len(b)):
-            sid = str(b.sample_id[i])
             text = tok.decode(b.response(i).tolist(), skip_special_tokens=True)
-            parents = tuple(p for p in str(b.parent_ids[i]).split(",") if p)
-            views[str(b.episode[i])][sid] = SampleView(sid, node, text, parents)
-    episode_views = {e: EpisodeView(v) for e, v in views.items()}
-    out: dict[str, np.ndarray] = {}
-    for node in nodes:
-        b = batches[node]
-        binding = spec.rewards.get(node)
-        r = np.zeros(len(b), np.float32)
-        if binding is not None:
-            fn = get_reward(binding.fn)
-            for i in range(len(b)):
-                ep = str(b.episode[i])
-                view = episode_views[ep]
-                r[i] = fn(view.samples[str(b.sample_id[i])], view, tasks[ep], **binding.params)
-        out[node] = r
+            parents = [p for p in str(b.parent_ids[i]).split(",") if p]
+            views[str(b.episode[i])][str(b.sample_id[i])] = {
+                "node": node,
+                "text": text,
+                "parents": parents,
+            }
+    rows = [(n, i) for n in nodes if n in spec.rewards for i in range(len(batches[n]))]
+    targets = [(n, str(batches[n].episode[i]), str(batches[n].sample_id[i])) for n, i in rows]
+    out = {n: NodeScores.unscored(len(batches[n])) for n in nodes}
+    for (n, i), o in zip(rows, call_rewards(spec, views, dict(episodes), targets), strict=True):
+        out[n].reward[i], out[n].error[i] = o.reward, o.error
     return out
 
 
 def advantages_for(
-    ctx: RunContext, node: str, batch: SampleBatch, rewards: np.ndarray
+    ctx: RunContext, node: str, batch: SampleBatch, scored: ScoredRows
 ) -> np.ndarray:
-    """Group advantages with the node's agent estimator; a group is one invocation."""
-    if len(batch) == 0:
-        return np.zeros(0, np.float32)
-    _, group_index = np.unique(batch.group_id, return_inverse=True)
+    """Group advantages with the node's agent estimator over the rows `scored.used`; a group
+    is one invocation. Rows left out (a dropped group) get 0."""
+    adv = np.zeros(len(batch), np.float32)
+    use = np.flatnonzero(scored.used)
+    if len(use) == 0:
+        return adv
+    _, group_index = np.unique(batch.group_id[use], return_inverse=True)
     loss = ctx.spec.agents[ctx.spec.nodes[node].agent].loss
-    adv = compute_advantages(
-        loss.advantage, torch.from_numpy(rewards), torch.from_numpy(group_index.astype(np.int64))
-    )
-    return adv.numpy().astype(np.float32)
+    adv[use] = compute_advantages(
+        loss.advantage,
+        torch.from_numpy(scored.reward[use]),
+        torch.from_numpy(group_index.astype(np.int64)),
+    ).numpy()
+    return adv
 
 
 def score_micro_batch(
@@ -124,19 +165,24 @@ def score_micro_batch(
         n: st.table(spec.nodes[n].agent).read(step=step, node=n, micro_batch=mb)
         for n in group.loads
     }
-    rewards = reward_rows(ctx, batches, episodes, group.nodes)
+    raw = reward_rows(ctx, batches, episodes, group.nodes)
+    rule = spec.run.scoring.on_failure
     per_agent: dict[str, RewardSum] = defaultdict(RewardSum)
+    failed: dict[str, int] = defaultdict(int)
+    sums: dict[str, RewardSum] = {}
     for node in group.nodes:
         b = batches[node]
-        adv = advantages_for(ctx, node, b, rewards[node])
+        scored = apply_failure_rule(rule, raw[node], b.group_id)
+        adv = advantages_for(ctx, node, b, scored)
         st.table(spec.nodes[node].agent).write_scores(
-            SegmentKey(step, mb, node), b.sample_id, rewards[node], adv
+            SegmentKey(step, mb, node), b.sample_id, scored.reward, adv, scored.status
         )
-        per_agent[spec.nodes[node].agent] += RewardSum(float(rewards[node].sum()), len(b))
+        agent = spec.nodes[node].agent
+        sums[node] = RewardSum.of(scored.reward)
+        per_agent[agent] += sums[node]
+        failed[agent] += raw[node].failed
     team_nodes = set(spec.team_nodes or sinks(spec)) & set(group.nodes)
-    team = sum(
-        (RewardSum(float(rewards[n].sum()), len(rewards[n])) for n in team_nodes), RewardSum()
-    )
+    team = sum((sums[n] for n in team_nodes), RewardSum())
     return ScoreRef(
         step,
         mb,
@@ -145,6 +191,16 @@ def score_micro_batch(
         dict(per_agent),
         team,
         watch.done(),
+        {a: n for a, n in failed.items() if n},
+        next(
+            (
+                f"{batches[n].sample_id[i]}: {e}"
+                for n in group.nodes
+                for i, e in enumerate(raw[n].error)
+                if e is not None
+            ),
+            "",
+        ),
     )
 
 

@@ -23,10 +23,9 @@ from prefect import task
 
 from engines.training.checkpoint import (
     checkpoint_dir,
-    latest_checkpoint,
     maybe_checkpoint,
     prune_checkpoints,
-    restore_trainer,
+    restore_latest,
     save_checkpoint,
 )
 from engines.training.publish import publish_weights
@@ -70,10 +69,12 @@ def trainer_factory(ctx: RunContext, agent: str) -> Any:
     """Build A's trainer on a slot device: from its latest checkpoint if the run has one."""
 
     def build(device: str) -> AgentTrainer:
-        ckpt = latest_checkpoint(ctx.checkpoint_root(agent))
         model = ctx.spec.agents[agent].model.removeprefix("hf://")
-        if ckpt is not None:
-            return restore_trainer(ckpt, device=device, model_path=model)
+        # a corrupt newest checkpoint is set aside and the previous one used; the steps it
+        # held are then re-trained from the store (tasks.accounting)
+        restored = restore_latest(ctx.checkpoint_root(agent), device=device, model_path=model)
+        if restored is not None:
+            return restored
         return AgentTrainer(agent, model, train_config(ctx, agent), device)
 
     return build

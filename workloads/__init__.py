@@ -16,6 +16,7 @@ BUILTIN = {
     "critic-debate": _HERE / "critic_debate.yaml",
     "word-problems": _HERE / "word_problems.yaml",
     "longtail": _HERE / "longtail.yaml",
+    "code": _HERE / "code.yaml",
 }
 
 

@@ -5,9 +5,10 @@ whole answer when it has none); a response's final answer is what math-verify pa
 it (its last expression: "5 + 3 = 8" -> 8, "The answer is 8." -> 8, "8.0" -> 8), and it
 must be a number (`_is_number`: "5 + 3" alone is an expression, not an answer).
 
-math-verify's default timeouts use SIGALRM, which raises outside the main thread, and
-rewards run in Dask worker threads: so they are off (`parsing_timeout=None`,
-`timeout_seconds=None`) and the inputs are bounded instead — the last `MATH_MAX_CHARS`
+math-verify's default timeouts use SIGALRM, which raises outside the main thread, and these
+functions are also called in threads (tests, your own tools); a reward call in training is
+bounded by its reward process's timeout (`tasks.reward_calls`) anyway. So they are off
+(`parsing_timeout=None`, `timeout_seconds=None`) and the inputs are bounded instead — the last `MATH_MAX_CHARS`
 characters of a text, and an expression whose evaluation could run away (`9^9^9`: the
 alarm could not stop it either, it spins in C) is refused before `verify` and scored as
 wrong. Built in: `workloads.rewards` imports this module.
@@ -21,7 +22,7 @@ import threading
 from typing import Any
 
 from workloads.datasets import TaskItem
-from workloads.rewards import answer_reward, verdict_reward
+from workloads.rewards import answer_reward, on_warm_up, verdict_reward
 
 MATH_MAX_CHARS = 256
 _MATH_LOCK = threading.Lock()  # sympy and the latex parser: one parse at a time per process
@@ -112,6 +113,11 @@ def math_correct(text: str, task: TaskItem) -> bool:
     equivalence: "4", "4.0", "The answer is 4", "#### 4", "2 + 2 = 4", "8/2" all equal
     "…\\n#### 4"; "2 + 2" and "2^2" do not: they are expressions, not answers)."""
     return _math_equal(math_reference(task.answer), text)
+
+
+@on_warm_up
+def _warm_up() -> None:
+    math_correct("3 + 1 = 4", TaskItem("warm-up", "", "#### 4"))
 
 
 math_answer = answer_reward(

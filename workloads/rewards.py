@@ -85,6 +85,22 @@ def _check_reward(name: str, fn: Any) -> None:
 REWARDS: Registry[RewardFn] = Registry("reward function", importable=True, check=_check_reward)
 
 
+WARM_UPS: list[Callable[[], None]] = []
+
+
+def on_warm_up(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run `fn()` once when a reward process starts, before any call is timed: a reward
+    whose first call pays a one-off cost (math-verify builds its parser, ~1-3 s) pays it
+    there instead of against a call's timeout (`tasks.reward_calls`)."""
+    WARM_UPS.append(fn)
+    return fn
+
+
+def warm_up() -> None:
+    for fn in WARM_UPS:
+        fn()
+
+
 def register_reward(name: str, *, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
     """Register `fn` as `name`. `reads(params)`: the other nodes it looks at (see module doc);
     None means the whole episode."""
@@ -252,6 +268,9 @@ def length_penalty(
     return float(is_correct(sample.text, task)) - min(len(sample.text) / max_chars, 1.0) * 0.5
 
 
-# The math-verify rewards (`math_answer`, `math_verdict`) live in their own module; importing
-# it here makes them built-ins like the ones above.
+# The math-verify rewards (`math_answer`, `math_verdict`) and the rewards that run
+# model-written code in the sandbox (`code_tests`, `code_assertions`, with the `code_tasks`
+# generator) live in their own modules; importing them here makes them built-ins like the
+# ones above.
+from workloads import code_rewards as _code_rewards  # noqa: E402, F401
 from workloads import math_rewards as _math_rewards  # noqa: E402, F401

@@ -24,6 +24,7 @@ from meg import MEGSpec, topological_order
 from meg.registry import Registry
 from meg.spec import ChatSpec
 from meg.template import chat_frame, prompt_ids, render
+from workloads.code_tasks import reference_assertions, reference_code, shown_code
 from workloads.datasets import TaskItem, load_dataset
 from workloads.math_rewards import math_correct, math_reference
 from workloads.rewards import is_correct
@@ -100,6 +101,8 @@ REFERENCES.add("length_penalty", _answer)
 REFERENCES.add("verdict", _verdict)
 REFERENCES.add("math_answer", _math_answer, shown=_math_shown)
 REFERENCES.add("math_verdict", _math_verdict)
+REFERENCES.add("code_tests", reference_code, shown=shown_code)
+REFERENCES.add("code_assertions", reference_assertions)
 
 # Optimizer steps per built-in workload: enough for the format, not for the arithmetic.
 PRESET_STEPS = {
@@ -108,6 +111,7 @@ PRESET_STEPS = {
     "fanout": 100,
     "word-problems": 180,
     "longtail": 200,
+    "code": 200,
 }
 
 

@@ -4,12 +4,19 @@ A checkpoint directory holds two objects, written tensors-first so that `meta.js
 commit marker (a directory without it is an unfinished write and is ignored)::
 
     <dir>/state.safetensors   model/…, optim/…, rng/cpu  (AgentTrainer.state())
-    <dir>/meta.json           agent, model_path, version, skipped_steps, param groups, config
+    <dir>/meta.json           agent, model_path, version, skipped_steps, param groups, config,
+                              digest: sha256 of every other file and of meta.json's own fields
 
 A LoRA agent's checkpoint is also a PEFT adapter directory: its `model/` tensors are written
 as `adapter_model.safetensors` + `adapter_config.json` (PEFT's layout, loadable by
 `peft.PeftModel.from_pretrained` and vLLM), the rest (optimizer, RNG) in `state.safetensors`;
-`meta.json` still goes last.
+`meta.json` still goes last. How the files are written (a temp folder renamed into place on
+a local disk) and checked: `checkpoint_files`.
+
+Loading verifies the digest. `latest_checkpoint` and `restore_latest` skip a corrupt
+checkpoint: it is renamed aside (`vNNNNNN.corrupt`, never deleted), a warning is logged and
+the previous one is used; the training tasks then re-train the steps it held from the store
+(`tasks.accounting`). A checkpoint from before digests loads unverified, with a note.
 
 Never pickle; nothing here calls `torch.load`. Restoring then stepping reproduces the next
 update bit-exactly (tested), because model, AdamW moments and step counters, and the CPU RNG
@@ -19,16 +26,31 @@ all round-trip without conversion.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import fsspec
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
+from engines.training.checkpoint_files import (
+    META_FILE,
+    STATE_FILE,
+    CorruptCheckpointError,
+    already_verified,
+    note,
+    quarantine,
+    read_dir,
+    remember_verified,
+    seal,
+    write_dir,
+)
 from engines.training.config import DTYPES
 from engines.training.lora import (
     ADAPTER_WEIGHTS,
@@ -39,8 +61,7 @@ from engines.training.lora import (
 )
 from engines.training.trainer import AgentTrainer, TrainConfig
 
-STATE_FILE = "state.safetensors"
-META_FILE = "meta.json"
+log = logging.getLogger(__name__)
 TOKENIZER_FILES = re.compile(
     r"^(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
     r"|.*\.model|chat_template.*)$"
@@ -59,40 +80,57 @@ def _unshare(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def save_state(url: str, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
-    """Write a (tensors, meta) pair as a checkpoint directory at `url` (tensors first)."""
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(path, exist_ok=True)
+    """Write a (tensors, meta) pair as a checkpoint directory at `url`: the tensor files,
+    then `meta.json` with their sha256 (checkpoint_files). A failed write (a full disk:
+    `CheckpointError` with errno ENOSPC) commits nothing; the previous checkpoint stays."""
+    files: dict[str, bytes] = {}
     lora = meta.get("lora")
     if lora is not None:  # the agent's own weights as a PEFT adapter, beside the rest
         adapter = {k[len("model/") :]: v for k, v in tensors.items() if k.startswith("model/")}
         tensors = {k: v for k, v in tensors.items() if not k.startswith("model/")}
-        with fs.open(f"{path}/{ADAPTER_WEIGHTS}", "wb") as f:
-            f.write(st_save({k: v.detach().cpu().contiguous() for k, v in adapter.items()}))
-        with fs.open(f"{path}/adapter_config.json", "w") as f:
-            json.dump(lora, f, indent=1, sort_keys=True)
-    cpu = {k: v.detach().cpu() for k, v in _unshare(tensors).items()}
-    with fs.open(f"{path}/{STATE_FILE}", "wb") as f:
-        f.write(st_save(cpu))
-    with fs.open(f"{path}/{META_FILE}", "w") as f:
-        json.dump(meta, f, indent=1, sort_keys=True)
+        files[ADAPTER_WEIGHTS] = st_save(
+            {k: v.detach().cpu().contiguous() for k, v in adapter.items()}
+        )
+        files["adapter_config.json"] = json.dumps(lora, indent=1, sort_keys=True).encode()
+    files[STATE_FILE] = st_save({k: v.detach().cpu() for k, v in _unshare(tensors).items()})
+    write_dir(url, {**files, META_FILE: seal(meta, files)})
+    remember_verified(url)  # written from these very bytes: no need to read them back
+
+
+def _tensors(url: str, blobs: Mapping[str, bytes], name: str) -> dict[str, Tensor]:
+    try:
+        return st_load(blobs[name])
+    except (SafetensorError, KeyError) as e:  # only reachable without a digest
+        raise CorruptCheckpointError(f"checkpoint {url}: {name} cannot be read ({e})") from e
 
 
 def load_checkpoint(url: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Read a checkpoint directory → (tensors on CPU, meta). Raises naming the missing file."""
-    fs, path = fsspec.core.url_to_fs(url)
-    for name in (META_FILE, STATE_FILE):
-        if not fs.exists(f"{path}/{name}"):
-            raise FileNotFoundError(f"checkpoint {url!r} has no {name} (unfinished or wrong dir)")
-    with fs.open(f"{path}/{META_FILE}", "r") as f:
-        meta = json.load(f)
-    with fs.open(f"{path}/{STATE_FILE}", "rb") as f:
-        tensors = st_load(f.read())
+    """Read a checkpoint directory → (tensors on CPU, meta), its digest verified.
+    Raises FileNotFoundError if `meta.json` is missing (not a committed checkpoint),
+    CorruptCheckpointError naming a damaged or missing file under it."""
+    meta, blobs = read_dir(url, _needed(url))
+    tensors = _tensors(url, blobs, STATE_FILE)
     if meta.get("lora") is not None:
-        if not fs.exists(f"{path}/{ADAPTER_WEIGHTS}"):
-            raise FileNotFoundError(f"LoRA checkpoint {url!r} has no {ADAPTER_WEIGHTS}")
-        with fs.open(f"{path}/{ADAPTER_WEIGHTS}", "rb") as f:
-            tensors |= {f"model/{k}": v for k, v in st_load(f.read()).items()}
+        if ADAPTER_WEIGHTS not in blobs:
+            raise CorruptCheckpointError(f"LoRA checkpoint {url}: {ADAPTER_WEIGHTS} is missing")
+        adapter = _tensors(url, blobs, ADAPTER_WEIGHTS)
+        tensors |= {f"model/{k}": v for k, v in adapter.items()}
     return tensors, meta
+
+
+def _needed(url: str) -> tuple[str, ...]:
+    """The files a load reads: the state, and the adapter of a LoRA checkpoint."""
+    fs, path = fsspec.core.url_to_fs(url)
+    lora = fs.exists(f"{path}/{ADAPTER_WEIGHTS}")
+    return (STATE_FILE, ADAPTER_WEIGHTS) if lora else (STATE_FILE,)
+
+
+def verify_checkpoint(url: str) -> None:
+    """Check checkpoint `url` against its digest (CorruptCheckpointError if damaged;
+    FileNotFoundError if it has no `meta.json`). A checkpoint this process already verified
+    (or wrote) and whose files have not changed since (size, mtime) is not read again."""
+    if not already_verified(url):
+        read_dir(url, (STATE_FILE,), load=False)
 
 
 def save_checkpoint(trainer: AgentTrainer, url: str) -> None:
@@ -128,16 +166,21 @@ def maybe_checkpoint(
 
 def committed_checkpoints(root: str) -> list[str]:
     """URLs of the committed checkpoints under `root` (meta.json written), oldest first."""
+    return [url for url, committed in _scan(root) if committed]
+
+
+def _scan(root: str) -> list[tuple[str, bool]]:
+    """Every `vNNNNNN` folder under `root`, oldest first, and whether it is committed."""
     fs, path = fsspec.core.url_to_fs(root)
     if not fs.exists(path):
         return []
-    found = sorted(
-        p.rstrip("/").rsplit("/", 1)[1]
-        for p in fs.ls(path, detail=False)
-        if re.fullmatch(r"v\d{6}", p.rstrip("/").rsplit("/", 1)[1])
-        and fs.exists(f"{p.rstrip('/')}/{META_FILE}")
+    names = sorted(
+        name
+        for name in (p.rstrip("/").rsplit("/", 1)[1] for p in fs.ls(path, detail=False))
+        if re.fullmatch(r"v\d{6}", name)
     )
-    return [f"{root.rstrip('/')}/{name}" for name in found]
+    base = path.rstrip("/")
+    return [(f"{root.rstrip('/')}/{n}", bool(fs.exists(f"{base}/{n}/{META_FILE}"))) for n in names]
 
 
 def prune_checkpoints(root: str, keep: int) -> list[str]:
@@ -152,9 +195,44 @@ def prune_checkpoints(root: str, keep: int) -> list[str]:
 
 
 def latest_checkpoint(root: str) -> str | None:
-    """URL of the committed checkpoint with the highest version under `root`, or None."""
-    found = committed_checkpoints(root)
-    return found[-1] if found else None
+    """URL of the newest committed checkpoint under `root` that matches its digest, or None.
+    A corrupt one is renamed aside (`quarantine`) with a warning and the previous one is
+    tried: what a resume will actually load, so step accounting agrees with it. A newer
+    folder without `meta.json` (a prune cut short, an older FlexMARL's write cut short, or
+    a deleted file) is ignored, with a note."""
+    for url, committed in reversed(_scan(root)):
+        if not committed:
+            note(url, f"has no {META_FILE} (being written, cut short, or damaged): ignored")
+            continue
+        try:
+            verify_checkpoint(url)
+        except CorruptCheckpointError as e:
+            _set_aside(url, e)
+            continue
+        return url
+    return None
+
+
+def _set_aside(url: str, why: CorruptCheckpointError) -> None:
+    moved = quarantine(url)
+    log.warning(
+        "%s; moved aside to %s (not deleted), using the previous checkpoint",
+        why,
+        moved or "(already moved by another process)",
+    )
+
+
+def restore_latest(
+    root: str, device: str = "cpu", model_path: str | None = None
+) -> AgentTrainer | None:
+    """A trainer from the newest intact checkpoint under `root` (corrupt ones are set
+    aside, as in `latest_checkpoint`), or None if there is none."""
+    for url in reversed(committed_checkpoints(root)):
+        try:
+            return restore_trainer(url, device=device, model_path=model_path)
+        except CorruptCheckpointError as e:
+            _set_aside(url, e)
+    return None
 
 
 def restore_trainer(url: str, device: str = "cpu", model_path: str | None = None) -> AgentTrainer:

@@ -120,12 +120,13 @@ def test_rollout_worker_killed_mid_step_is_retried(
     assert sorted(store.table("verifier").consumption_log()) == [0, 1, 2]
 
 
-def test_a_failing_task_fails_the_run_loudly_and_keeps_committed_rows(
+def test_a_reward_failing_everywhere_stops_the_run_loudly_and_keeps_committed_rows(
     tmp_path: Path, tiny_model: str, cluster: str
 ) -> None:
-    """A reward that raises (a verdict whose target is no parent of the node) fails the
-    run with the reward's own message; the per-step Prefect task fails with it instead of
-    waiting forever, and the rows generated before the failure stay committed."""
+    """A reward that raises on every sample (a verdict whose target is no parent of the
+    node) is a failed call per sample; past `run.scoring.max_failed_fraction` the run stops
+    with the count and the reward's own message, the per-step Prefect task fails with it
+    instead of waiting forever, and the rows generated before stay committed."""
     import yaml
 
     cfg = write_config(tmp_path, tiny_model, steps=2)
@@ -138,11 +139,65 @@ def test_a_failing_task_fails_the_run_loudly_and_keeps_committed_rows(
         export_final=False,
         cluster=ClusterConfig(scheduler=cluster),
     )
-    with pytest.raises(Exception, match="has no parent from node 'verify'"):
+    with pytest.raises(Exception, match="failed their reward call") as err:
         train(params)
+    assert "has no parent from node 'verify'" in str(err.value)  # the first failure's reason
+    assert "max_failed_fraction = 0.2" in str(err.value)
     rec = json.loads((tmp_path / "run" / "run.json").read_text())
     store = MEGStore.open(rec["store_url"], rec["run_id"], create=False)
-    assert len(store.table("verifier").read(step=0)) > 0  # generated before the failure
+    verify = store.table("verifier").read(step=0)
+    assert len(verify) > 0  # generated before the failure
+    scored = [s for s in verify.score_status.tolist() if s]
+    assert scored and all(s.startswith("failed: ValueError: verdict reward") for s in scored)
+
+
+FLAKY_JUDGE = """
+from workloads.rewards import reward, verdict
+
+
+@reward(reads=lambda params: (params["target"],))
+def flaky_verdict(sample, episode, task, **params):
+    \"\"\"The verdict reward, except that the judge is down for the second sample of
+    every group.\"\"\"
+    if sample.id.endswith("/1"):
+        raise ConnectionError("judge service unavailable")
+    return verdict(sample, episode, task, **params)
+"""
+
+
+def test_a_reward_failing_on_some_samples_costs_those_samples_only(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """Half of the verifier's reward calls fail (under the 0.2 fraction of all samples):
+    the run finishes, the failed samples are `failed` in the store and scored 0, and the
+    summary counts them per agent."""
+    import yaml
+
+    cfg = write_config(tmp_path, tiny_model, steps=2)
+    (tmp_path / "flaky_judge.py").write_text(FLAKY_JUDGE)
+    data = yaml.safe_load(cfg.read_text())
+    data["plugins"] = ["flaky_judge"]
+    data["rewards"]["verify"]["fn"] = "flaky_judge:flaky_verdict"
+    data["run"]["scoring"] = {"max_failed_fraction": 0.45}  # 16 of 48 per step
+    cfg.write_text(yaml.safe_dump(data))
+    out = train(
+        TrainParams(
+            config=str(cfg),
+            run_dir=str(tmp_path / "run"),
+            export_final=False,
+            cluster=ClusterConfig(scheduler=cluster),
+        )
+    )
+    assert out["steps"] == 2
+    assert out["reward_failures"] == {"verifier": 2 * 4 * 4}  # steps × episodes × groups
+    assert [r["failed_rewards"] for r in out["per_step"]] == [{"verifier": 16}] * 2
+    verify = MEGStore.open(out["store_url"], out["run_id"], create=False).table("verifier").read()
+    for sid, st, r in zip(verify.sample_id, verify.score_status, verify.reward, strict=True):
+        if str(sid).endswith("/1"):
+            assert st == "failed: ConnectionError: judge service unavailable" and r == 0.0
+        else:
+            assert st == "ok"
+    assert out["consistency"]["violations"] == 0
 
 
 def _pending_parts() -> dict[str, tuple[int | None, list[int]]]:

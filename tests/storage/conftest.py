@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -19,8 +20,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
+def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    """Block until `proc` accepts connections on 127.0.0.1:`port` (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.1)
+
+
+@contextmanager
+def moto_server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A moto S3 server process on 127.0.0.1 (a real HTTP server, not in-process mocks)."""
     port = _free_port()
     proc = subprocess.Popen(
@@ -28,19 +43,19 @@ def moto_endpoint() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    wait_listening(port, proc, "moto server")
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()  # SIGKILL works on a SIGSTOPped server too
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """The session's moto server (tests that stop a server start their own)."""
+    with moto_server() as (_, endpoint):
+        yield endpoint
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:

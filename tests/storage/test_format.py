@@ -44,8 +44,9 @@ def test_segments_read_back_exactly_with_plain_zarr(tmp_path: Path) -> None:
             assert (folder / "row_int64" / "c" / "0" / "0").is_file()
             assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == sorted(ROWS_LAYOUT)
     rows = found["rows"]
-    assert rows.keys() == batch.columns().keys()
-    for name, col in batch.columns().items():
+    stored = {k: v for k, v in batch.columns().items() if k != "score_status"}  # joined
+    assert rows.keys() == stored.keys()
+    for name, col in stored.items():
         got = rows[name]
         if col.dtype.kind == "U":
             assert got.tolist() == col.tolist(), name
@@ -54,6 +55,44 @@ def test_segments_read_back_exactly_with_plain_zarr(tmp_path: Path) -> None:
     scores = found["scores"]
     assert scores["sample_id"].tolist() == batch.sample_id[:3].tolist()
     assert scores["reward"].tolist() == [1.0, 2.0, 3.0] and scores["reward"].dtype == np.float32
+    assert scores["status"].tolist() == ["ok"] * 3
+
+
+def test_score_status_is_joined_onto_rows(tmp_path: Path) -> None:
+    table = MEGStore.open(str(tmp_path), "run1").table("solver")
+    key = SegmentKey(0, 0, "solve")
+    batch = synthetic_batch(key)
+    table.write_segment(key, batch)
+    assert table.read().score_status.tolist() == [""] * len(batch)  # not scored yet
+    status = ["ok", "failed: TimeoutError: x", "dropped: a reward call of its group failed"]
+    status += ["ok"] * (len(batch) - 3)
+    nan = float("nan")
+    table.write_scores(
+        key, batch.sample_id, [1.0, nan] + [0.0] * (len(batch) - 2), [0.0] * len(batch), status
+    )
+    got = table.read()
+    assert got.score_status.tolist() == status
+    assert np.isnan(got.reward[1]) and got.reward[0] == 1.0
+    assert got.take([2, 0]).score_status.tolist() == [status[2], status[0]]
+
+
+def test_a_score_segment_without_status_reads_as_ok(tmp_path: Path) -> None:
+    """Score segments written before the status column existed hold one string column."""
+    table = MEGStore.open(str(tmp_path), "run1").table("solver")
+    key = SegmentKey(0, 0, "solve")
+    batch = synthetic_batch(key)
+    table.write_segment(key, batch)
+    table.write_scores(key, batch.sample_id, [1.0] * len(batch), [0.5] * len(batch))
+    (folder,) = tmp_path.glob("run1/solver/segments/*.scores/*/strings")
+    old = zarr.open_array(str(folder), mode="r")[...][:1]  # the sample_id row only
+    arr = zarr.open_group(str(folder.parent), mode="a").create_array(
+        "strings", shape=old.shape, dtype=old.dtype, overwrite=True
+    )
+    arr[...] = old
+    arr.attrs["columns"] = ["sample_id"]
+    got = MEGStore.open(str(tmp_path), "run1").table("solver").read()
+    assert got.score_status.tolist() == ["ok"] * len(batch)
+    assert got.advantage.tolist() == [0.5] * len(batch)
 
 
 def _tree(root: Path) -> dict[str, str]:
