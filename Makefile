@@ -58,6 +58,7 @@ bench: setup models
 	$(BIN)/python -m bench.training --json bench/results/training.json
 	$(BIN)/python -m bench.rollout --json bench/results/rollout.json
 	$(BIN)/python -m bench.e2e --repeats 3 --json bench/results/e2e.json
+	$(BIN)/python -m bench.soak --json bench/results/soak.json --png bench/results/soak.png
 	$(BIN)/python -m bench.lora --json bench/results/lora.json
 	$(BIN)/python -m bench.zero_advantage --json bench/results/zero_advantage.json
 	$(BIN)/python -m bench.longtail --json bench/results/longtail.json

@@ -29,7 +29,7 @@ from zarr.core.buffer import Buffer
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
-from storage.errors import IntegrityError
+from storage.errors import IntegrityError, StoreUnavailableError
 from storage.schema import STR_COLUMNS, SampleBatch
 
 # array name -> the columns packed in it (row k = column k), or None for a 1-D column array
@@ -148,6 +148,8 @@ async def _read_arrays(store: Store, names: tuple[str, ...]) -> dict[str, tuple[
 async def _read_checked(store: Store, where: str, layout: Layout) -> dict[str, np.ndarray]:
     try:
         raw = await _read_arrays(store, tuple(layout))
+    except StoreUnavailableError:  # the server is down, the segment is not damaged
+        raise
     except FileNotFoundError as e:
         raise IntegrityError(f"segment data missing under {where}: {e}") from e
     except (KeyError, ValueError, RuntimeError, OSError, TypeError) as e:

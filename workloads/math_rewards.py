@@ -8,10 +8,10 @@ must be a number (`_is_number`: "5 + 3" alone is an expression, not an answer).
 math-verify's default timeouts use SIGALRM, which raises outside the main thread, and these
 functions are also called in threads (tests, your own tools); a reward call in training is
 bounded by its reward process's timeout (`tasks.reward_calls`) anyway. So they are off
-(`parsing_timeout=None`, `timeout_seconds=None`) and the inputs are bounded instead — the last `MATH_MAX_CHARS`
-characters of a text, and an expression whose evaluation could run away (`9^9^9`: the
-alarm could not stop it either, it spins in C) is refused before `verify` and scored as
-wrong. Built in: `workloads.rewards` imports this module.
+(`parsing_timeout=None`, `timeout_seconds=None`) and the inputs are bounded instead — the
+last `MATH_MAX_CHARS` characters of a text, and an expression whose evaluation could run
+away (`9^9^9`: the alarm could not stop it either, it spins in C) is refused before
+`verify` and scored as wrong. Built in: `workloads.rewards` imports this module.
 """
 
 from __future__ import annotations
