@@ -129,3 +129,42 @@ def test_a_plugin_that_does_not_import_is_a_clear_error(tmp_path: Path) -> None:
             pool.run([job("a")])
     finally:
         pool.close()
+
+
+CODE_TASK = {
+    "id": "code-0",
+    "question": "f(x): x plus 3",
+    "answer": (
+        '{"solution": "def f(x): return x + 3", "wrong": "def f(x): return x + 4", '
+        '"tests": [["f(2)", "5"], ["f(0)", "3"]]}'
+    ),
+}
+
+
+def test_hostile_model_code_fails_its_sample_and_the_pool_goes_on() -> None:
+    """The `code` workload's coder reward through the reward processes, as a score task
+    runs it: model code the sandbox stops is a failed call with the sandbox's reason."""
+    texts = {
+        "fork": "import os\nwhile True:\n    os.fork()\n",
+        "oom": "def f(x):\n    return len(bytearray(10 * 2**30))\n",
+        "loop": "def f(x):\n    while True:\n        pass\n",
+        "kill": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+        "right": " def f(x): return x + 3",
+        "wrong": " def f(x): return x",
+    }
+    samples = {
+        f"e/code/0/{k}": {"node": "code", "text": t, "parents": []} for k, t in texts.items()
+    }
+    calls = tuple(Call(sid, "code_tests", {}, 10.0) for sid in samples)
+    pool = RewardPool([], size=2)
+    try:
+        (out,) = pool.run([Job(CODE_TASK, samples, calls)])
+    finally:
+        pool.close()
+    got = dict(zip(texts, out, strict=True))
+    for name in ("fork", "oom", "loop", "kill"):
+        assert got[name].failed, name
+        assert got[name].error.startswith("SandboxError: code_tests"), got[name].error
+    assert (got["right"].error, got["right"].reward) == (None, 1.0)
+    assert (got["wrong"].error, got["wrong"].reward) == (None, 0.0)
+    assert pool.restarts == 0  # contained in the sandbox: the reward process itself lived
