@@ -99,7 +99,7 @@ class _Lines:
 class RewardProcess:
     """One `tasks.reward_child` process (its own process group), started and handshaken."""
 
-    def __init__(self, plugins: Sequence[str]) -> None:
+    def __init__(self, plugins: Sequence[str], rewards: Sequence[str] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tasks.reward_child"],
@@ -110,7 +110,8 @@ class RewardProcess:
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.lines = self.proc.stdin, _Lines(self.proc.stdout.fileno())
-        self._send(json.dumps({"sys_path": sys.path, "plugins": list(plugins)}).encode() + b"\n")
+        init = {"sys_path": sys.path, "plugins": list(plugins), "rewards": list(rewards)}
+        self._send(json.dumps(init).encode() + b"\n")
         try:
             answer = self.lines.read(START_TIMEOUT_S)
         except EOFError:
@@ -159,10 +160,11 @@ class RewardProcess:
 
 
 class RewardPool:
-    """`size` reward processes for one set of plug-ins, started on first use."""
+    """`size` reward processes for one set of plug-ins, started on first use; `rewards`: the
+    names the run binds (their warm-ups run when a process starts)."""
 
-    def __init__(self, plugins: Sequence[str], size: int) -> None:
-        self.plugins, self.size = tuple(plugins), size
+    def __init__(self, plugins: Sequence[str], size: int, rewards: Sequence[str] = ()) -> None:
+        self.plugins, self.size, self.rewards = tuple(plugins), size, tuple(sorted(rewards))
         self._idle: queue.LifoQueue[RewardProcess] = queue.LifoQueue()
         self._all: list[RewardProcess] = []
         self._lock = threading.Lock()
@@ -173,7 +175,7 @@ class RewardPool:
         try:
             return self._idle.get_nowait()
         except queue.Empty:
-            p = RewardProcess(self.plugins)
+            p = RewardProcess(self.plugins, self.rewards)
             with self._lock:
                 self._all.append(p)
             return p
@@ -209,13 +211,14 @@ class RewardPool:
         self._threads.shutdown(wait=False)
 
 
-_POOLS: dict[tuple[tuple[str, ...], int], RewardPool] = {}
+_POOLS: dict[tuple[tuple[str, ...], int, tuple[str, ...]], RewardPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def pool_for(plugins: Sequence[str], size: int) -> RewardPool:
-    """This process's pool for these plug-ins (one per worker process, reused by tasks)."""
-    key = (tuple(plugins), size)
+def pool_for(plugins: Sequence[str], size: int, rewards: Sequence[str] = ()) -> RewardPool:
+    """This process's pool for these plug-ins and bound rewards (one per worker process,
+    reused by every score task of the run)."""
+    key = (tuple(plugins), size, tuple(sorted(rewards)))
     with _POOLS_LOCK:
         if key not in _POOLS:
             _POOLS[key] = RewardPool(*key)

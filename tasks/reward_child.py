@@ -8,8 +8,9 @@ a timeout and kill the process when one runs over, then start a fresh one.
 
 Protocol (one JSON document per line; never pickle):
 
-- parent → child, first line: `{"sys_path": [...], "plugins": [...]}`; the child imports
-  the plug-ins and the reward registry, then answers `{"ready": true}` (or
+- parent → child, first line: `{"sys_path": [...], "plugins": [...], "rewards": [...]}`;
+  the child imports the plug-ins and the reward registry, warms up the rewards the run
+  binds (`workloads.rewards.on_warm_up`), then answers `{"ready": true}` (or
   `{"fatal": "..."}` and exits).
 - parent → child, then one line per job: `{"task": {...}, "samples": {sid: {"node",
   "text", "parents"}}, "calls": [{"sid", "fn", "params"}, ...]}` — one episode's calls.
@@ -46,6 +47,8 @@ def import_plugins(entries: list[str]) -> None:
     """Import the run's plug-ins: a local file or package by its path where it exists
     here (the driver's own process), else by module name from the shipped copy on the
     parent's `sys.path` (a Dask worker), else as an installed module."""
+    if not entries:
+        return  # workloads.plugins imports distributed: half a second per process start
     from workloads.plugins import import_all, module_name
 
     for entry in entries:
@@ -100,7 +103,7 @@ def main() -> None:
         import_plugins(init.get("plugins", []))
         from workloads.rewards import warm_up  # the built-in rewards, registered
 
-        warm_up()
+        warm_up(init.get("rewards", []))
     except Exception as e:
         out.write(json.dumps({"fatal": f"{type(e).__name__}: {e}"}) + "\n")
         return

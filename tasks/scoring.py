@@ -97,7 +97,8 @@ def call_rewards(
         index[ep].append(k)
     jobs = [Job(dataclasses.asdict(tasks[ep]), views[ep], tuple(cs)) for ep, cs in calls.items()]
     out: list[Outcome] = [Outcome(float("nan"))] * len(targets)
-    pool = pool_for(spec.plugins, spec.run.scoring.processes)
+    bound = {b.fn for b in spec.rewards.values()}
+    pool = pool_for(spec.plugins, spec.run.scoring.processes, sorted(bound))
     for ep, outcomes in zip(calls, pool.run(jobs), strict=True):
         for k, o in zip(index[ep], outcomes, strict=True):
             out[k] = o

@@ -108,7 +108,7 @@ def _nothing(params: Mapping[str, Any]) -> Collection[str]:
     return ()
 
 
-@on_warm_up
+@on_warm_up("code_tests", "code_assertions")
 def _warm_up() -> None:
     """Probe the sandbox when a reward process starts (a few process starts, once), not
     against the first call's timeout."""

@@ -115,7 +115,7 @@ def math_correct(text: str, task: TaskItem) -> bool:
     return _math_equal(math_reference(task.answer), text)
 
 
-@on_warm_up
+@on_warm_up("math_answer", "math_verdict")
 def _warm_up() -> None:
     math_correct("3 + 1 = 4", TaskItem("warm-up", "", "#### 4"))
 

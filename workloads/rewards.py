@@ -85,20 +85,28 @@ def _check_reward(name: str, fn: Any) -> None:
 REWARDS: Registry[RewardFn] = Registry("reward function", importable=True, check=_check_reward)
 
 
-WARM_UPS: list[Callable[[], None]] = []
+WARM_UPS: list[tuple[frozenset[str], Callable[[], None]]] = []
 
 
-def on_warm_up(fn: Callable[[], None]) -> Callable[[], None]:
-    """Run `fn()` once when a reward process starts, before any call is timed: a reward
-    whose first call pays a one-off cost (math-verify builds its parser, ~1-3 s) pays it
-    there instead of against a call's timeout (`tasks.reward_calls`)."""
-    WARM_UPS.append(fn)
-    return fn
+def on_warm_up(*rewards: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Run the decorated `fn()` once when a reward process for a run that binds one of
+    `rewards` starts, before any call is timed: a reward whose first call pays a one-off
+    cost (math-verify builds its parser, ~1-3 s; the sandbox probes its isolation) pays it
+    there instead of against a call's timeout (`tasks.reward_calls`), and a run that does
+    not use it does not pay it at all."""
+
+    def deco(fn: Callable[[], None]) -> Callable[[], None]:
+        WARM_UPS.append((frozenset(rewards), fn))
+        return fn
+
+    return deco
 
 
-def warm_up() -> None:
-    for fn in WARM_UPS:
-        fn()
+def warm_up(rewards: Collection[str]) -> None:
+    """The warm-ups of the rewards named in `rewards` (each at most once)."""
+    for names, fn in WARM_UPS:
+        if names & set(rewards):
+            fn()
 
 
 def register_reward(name: str, *, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:

@@ -156,7 +156,7 @@ def test_hostile_model_code_fails_its_sample_and_the_pool_goes_on() -> None:
         f"e/code/0/{k}": {"node": "code", "text": t, "parents": []} for k, t in texts.items()
     }
     calls = tuple(Call(sid, "code_tests", {}, 10.0) for sid in samples)
-    pool = RewardPool([], size=2)
+    pool = RewardPool([], size=2, rewards=["code_tests"])
     try:
         (out,) = pool.run([Job(CODE_TASK, samples, calls)])
     finally:

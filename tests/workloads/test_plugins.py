@@ -74,7 +74,11 @@ def test_file_and_package_plugins_register_rewards_and_generators(tmp_path: Path
         ({"plugins": ["plug_missing.py"]}, "plugins", "no such file next to the MEG"),
         ({"plugins": ["plug_not_installed"]}, "plugins", "failed to import"),
         ({"rewards": {"x": {"fn": "plug_bad:nope"}}}, "rewards.x.fn", "cannot import module"),
-        ({"rewards": {"x": {"fn": "exact_answr"}}}, "rewards.x.fn", "known: exact_answer"),
+        (
+            {"rewards": {"x": {"fn": "exact_answr"}}},
+            "rewards.x.fn",
+            "unknown reward function 'exact_answr'; known: code_assertions",
+        ),
         (
             {"rewards": {"x": {"fn": "verdict", "params": {"targett": "x"}}}},
             "rewards.x.params",

@@ -226,9 +226,12 @@ def test_streaming_normalisation_equals_declared_counts(tiny_model: str, mode: s
     assert not streamed.pending
     assert r_s.loss == pytest.approx(r_d.loss, rel=1e-5, abs=1e-7)
     assert r_s.grad_norm == pytest.approx(r_d.grad_norm, rel=1e-5)
+    # loss and grad norm above pin the normalisation; Adam's first update is lr·g/(|g|+ε),
+    # so for a gradient element near 0 the float summation order alone moves the weight by
+    # a fraction of lr (seen: 2e-5 at lr 1e-3 on one element of 8192): tolerance 5% of lr
     w_d, w_s = declared.weights(), streamed.weights()
     for k in w_d:
-        torch.testing.assert_close(w_s[k], w_d[k], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(w_s[k], w_d[k], rtol=1e-4, atol=0.05 * cfg.lr)
 
 
 def test_begin_step_needs_both_counts_or_neither(tiny_model: str) -> None:
