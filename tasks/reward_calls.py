@@ -110,7 +110,7 @@ class RewardProcess:
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.lines = self.proc.stdin, _Lines(self.proc.stdout.fileno())
-        init = {"sys_path": sys.path, "plugins": list(plugins), "rewards": list(rewards)}
+        init = {"plugins": list(plugins), "rewards": list(rewards)}
         self._send(json.dumps(init).encode() + b"\n")
         try:
             answer = self.lines.read(START_TIMEOUT_S)

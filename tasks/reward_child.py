@@ -8,10 +8,11 @@ a timeout and kill the process when one runs over, then start a fresh one.
 
 Protocol (one JSON document per line; never pickle):
 
-- parent → child, first line: `{"sys_path": [...], "plugins": [...], "rewards": [...]}`;
-  the child imports the plug-ins and the reward registry, warms up the rewards the run
-  binds (`workloads.rewards.on_warm_up`), then answers `{"ready": true}` (or
-  `{"fatal": "..."}` and exits).
+- parent → child, first line: `{"plugins": [...], "rewards": [...]}` (the parent's
+  `sys.path` comes as `PYTHONPATH`, shipped plug-ins included); the child imports the
+  plug-ins and the reward registry, warms up the rewards the run binds
+  (`workloads.rewards.on_warm_up`), then answers `{"ready": true}` (or `{"fatal": "..."}`
+  and exits).
 - parent → child, then one line per job: `{"task": {...}, "samples": {sid: {"node",
   "text", "parents"}}, "calls": [{"sid", "fn", "params"}, ...]}` — one episode's calls.
 - child → parent: one line per call, in order, as soon as it is done: `{"reward": r}` or
@@ -98,7 +99,6 @@ def main() -> None:
     os.dup2(2, 1)  # anything the reward prints lands in the log, not in the protocol
     sys.stdout = sys.stderr
     init = json.loads(sys.stdin.readline() or "{}")
-    sys.path[:0] = [p for p in init.get("sys_path", []) if p not in sys.path]
     try:
         import_plugins(init.get("plugins", []))
         from workloads.rewards import warm_up  # the built-in rewards, registered
