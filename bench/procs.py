@@ -15,7 +15,7 @@ from typing import Any
 
 
 def process_sample(pid: int | None = None) -> dict[str, float]:
-    """RSS (MiB), file descriptors, regular open files and threads of one process (default:
+    """RSS (MiB), file descriptors, sockets, regular open files and threads of one process (default:
     the calling one, which is how `client.run` samples a worker)."""
     import psutil
 
@@ -26,6 +26,7 @@ def process_sample(pid: int | None = None) -> dict[str, float]:
             "ppid": p.ppid(),
             "rss_mb": round(p.memory_info().rss / 2**20, 2),
             "fds": p.num_fds(),
+            "sockets": len(p.net_connections(kind="inet")),
             "files": len(p.open_files()),
             "threads": p.num_threads(),
         }
@@ -41,6 +42,24 @@ def _short(cmdline: list[str]) -> str:
     if "-m" in cmdline[:-1]:
         return cmdline[cmdline.index("-m") + 1].rsplit(".", 1)[-1]
     return Path(cmdline[0]).name if cmdline else "?"
+
+
+def is_prefect_server(cmdline: list[str]) -> bool:
+    """The local Prefect API server `flows.cluster.prefect_api` starts is a uvicorn child."""
+    return any("uvicorn" in a for a in cmdline)
+
+
+def prefect_server_pid() -> int | None:
+    """The pid of the Prefect API server this process runs, if it runs one."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if is_prefect_server(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
 
 
 def sample_all(client: Any) -> dict[str, Any]:
@@ -65,11 +84,44 @@ def sample_all(client: Any) -> dict[str, Any]:
                 label = f"{owner[child.ppid()]}/{_short(cmd)}"
                 seen[label] = seen.get(label, -1) + 1
                 procs[f"{label}#{seen[label]}"] = process_sample(child.pid)
-            elif any("uvicorn" in a for a in cmd):
+            elif is_prefect_server(cmd):
                 procs["prefect-server"] = process_sample(child.pid)
         except psutil.Error:  # a process that ended between listing and reading
             continue
     return {"procs": procs, "processes": 1 + len(tree)}
+
+
+def fill_server_pools(bursts: tuple[int, ...] = (1, 4, 16, 64)) -> list[dict[str, Any]]:
+    """Drive the local Prefect server's pools to their bound before a soak; returns the
+    server's sample before and after each burst of `n` concurrent API reads ([] when no
+    local server runs).
+
+    Why: the server opens pooled resources lazily, the first time that many requests
+    overlap: SQLAlchemy's pool of SQLite connections (5, plus 10 overflow; each connection is
+    a descriptor on the database and one on its WAL, plus an aiosqlite thread, and SQLite
+    keeps a closed connection's descriptor for reuse while others hold locks on the file)
+    and anyio's worker threads. In a run the first overlap of two more requests can come at
+    any step (in the first fanout soak, step 80: +2 files, +1 thread), which is a pool
+    reaching a high-water mark, not a leak. Filled first, any growth the soak then sees is
+    one. The last two bursts agreeing shows the bound was reached.
+    """
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    pid = prefect_server_pid()
+    if pid is None:
+        return []
+
+    async def burst(n: int) -> None:
+        async with get_client() as client:
+            await asyncio.gather(*(client.read_flow_runs(limit=5) for _ in range(n)))
+
+    out = [{"burst": 0, **process_sample(pid)}]
+    for n in bursts:
+        asyncio.run(burst(n))
+        out.append({"burst": n, **process_sample(pid)})
+    return out
 
 
 class StepSampler(threading.Thread):

@@ -34,9 +34,19 @@ the keys for warm-ups of 20, 50 and 100 steps, from the same samples:
 - `rss_growth_trend` = the slope of a least-squares line through the post-warm-up RSS,
   times the steps from the end of warm-up to the last step, / RSS at warm-up: the growth a
   steady leak explains, insensitive to a single spike.
-- `open_files_growth` / `threads_growth` = last value - value at warm-up (target <= 0);
-  `*_growth_max` the same with the post-warm-up maximum (a transient connection counts).
+- `open_files_growth` / `threads_growth` = last value - value at warm-up (target <= 0) of
+  the open files (psutil's `open_files`: regular files) and the threads;
+  `*_growth_max` the same with the post-warm-up maximum (a file open for a moment counts).
+- `fds_growth` / `sockets_growth`: the same for every descriptor (files, sockets, pipes:
+  what `ulimit -n` limits) and for the TCP/UDP sockets among them. Reported, not a target:
+  a connection pool opening one more connection at a new peak of concurrent requests shows
+  here as a step (+2 descriptors in the driver for a Dask client-to-scheduler connection,
+  both ends being in that process), which `sockets_growth` attributes.
 - `processes_growth`: the same for the number of processes in the run's tree (target <= 0).
+
+Before the runs, `server_pools` fills the local Prefect server's lazily opened pools
+(`bench.procs.fill_server_pools`: bursts of concurrent API reads), so that a pool reaching
+a new high-water mark mid-run is not mistaken for a leak, nor a leak for a pool.
 
 Each key is the maximum over the run's processes (per workload), and over the workloads at
 the top level; `soak_ok` says whether every target held.
@@ -58,12 +68,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import train_run, write_results
-from bench.procs import StepSampler
+from bench.procs import StepSampler, fill_server_pools
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
 WORKLOADS = ("fanout", "math-chain")
-METRICS = ("rss_mb", "fds", "files", "threads")
+METRICS = ("rss_mb", "fds", "sockets", "files", "threads")
 RSS_TARGET = 0.10
 KEYS = (  # the three, then the others (module docstring)
     "rss_growth_max",
@@ -134,9 +144,11 @@ def summarize(cols: dict[str, Any], warmup: int) -> dict[str, Any]:
     keys = {
         "rss_growth_max": worst("rss_mb", "rel_max"),
         "rss_growth_trend": worst("rss_mb", "rel_trend"),
-        "open_files_growth": worst("fds", "delta_last"),
-        "open_files_growth_max": worst("fds", "delta_max"),
-        "regular_files_growth": worst("files", "delta_last"),
+        "open_files_growth": worst("files", "delta_last"),
+        "open_files_growth_max": worst("files", "delta_max"),
+        "fds_growth": worst("fds", "delta_last"),
+        "fds_growth_max": worst("fds", "delta_max"),
+        "sockets_growth": worst("sockets", "delta_last"),
         "threads_growth": worst("threads", "delta_last"),
         "threads_growth_max": worst("threads", "delta_max"),
         "processes_growth": tree["delta_last"] if tree else 0,
@@ -239,6 +251,7 @@ def run(
         "workloads": {},
     }
     with prefect_api():
+        results["server_pools"] = fill_server_pools()
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes, max_tokens)
             results["workloads"][wl] = soak_workload(cfg, work / f"run-{wl}", warmup)
@@ -304,10 +317,14 @@ def render(results: dict[str, Any]) -> None:
                 f"{th['warm']:.0f} → {th['last']:.0f}",
             )
     Console(width=140).print(t)
+    if pools := results.get("server_pools"):
+        fills = ", ".join(f"{p['burst']}: {p['files']}/{p['threads']}" for p in pools)
+        print(f"Prefect server pools filled first (burst: files/threads): {fills}")
     for wl, r in results["workloads"].items():
         print(
             f"{wl}: rss_growth_max {100 * r['rss_growth_max']:.1f}% (trend "
             f"{100 * r['rss_growth_trend']:.1f}%), open_files_growth {r['open_files_growth']}, "
+            f"fds_growth {r['fds_growth']} (sockets {r['sockets_growth']}), "
             f"threads_growth {r['threads_growth']}, processes_growth "
             f"{r['processes_growth']}; step {r['step_s']:.2f} s, "
             f"{r['sampled_steps']}/{r['steps_run']} steps sampled, "

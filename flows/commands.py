@@ -197,12 +197,14 @@ def train_cmd(args: argparse.Namespace) -> int:
         print(f"Prefect API: {url}")
         out = train(params)
     c = out["consistency"]
+    k = min(3, max(1, len(out["per_step"]) // 2))  # as flows.report.reward_gain
     print(
         f"done: {out['steps']} steps in {out['wall_s']:.1f} s, utilization "
         f"{out['utilization']:.2f}, team reward first->last "
         f"{out['per_step'][0]['team_reward'] if out['per_step'] else float('nan'):.3f} -> "
         f"{out['per_step'][-1]['team_reward'] if out['per_step'] else float('nan'):.3f} "
-        f"(gain over 3 steps {out['reward_gain_last3_vs_first3']:+.3f}), consistency "
+        f"(mean of the last {k} steps - the first {k}: "
+        f"{out['reward_gain_last3_vs_first3']:+.3f}), consistency "
         f"violations {c['violations']}/{c['rows_checked']} rows, step accounting errors "
         f"{c['accounting_errors']}; run dir {out['run_dir']}"
     )

@@ -10,11 +10,13 @@ or cluster starts.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from engines.training import loss_names
 from engines.training.losses import zero_at_zero_advantage
 from meg import MEGError, MEGSpec, is_hub_name, load_meg, validate
+from meg.sizes import context_problems
 from meg.spec import LossSpec
 from workloads import plugins, resolve_config
 from workloads.datasets import GENERATORS
@@ -67,7 +69,29 @@ def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
     if check_models:
         check_lora(spec, str(path))
         check_chat(spec, str(path))
+        check_context(spec, str(path))
     return spec
+
+
+def check_context(spec: MEGSpec, source: str) -> None:
+    """No node's prompt can outgrow its model's context (`meg.sizes.context_problems`);
+    local models only: a hub model's config is not fetched for a check."""
+    from engines.families import max_positions
+
+    contexts = {}
+    for name, agent in spec.agents.items():
+        if not is_hub_name(agent.model):
+            cfg = Path(agent.model).expanduser() / "config.json"
+            if not cfg.is_file():
+                continue
+            try:
+                contexts[name] = max_positions(json.loads(cfg.read_text()))
+            except (OSError, ValueError, AttributeError) as e:
+                raise MEGError(
+                    f"cannot read {cfg}: {e}", source=source, field=f"agents.{name}.model"
+                ) from None
+    for field, why in context_problems(spec, contexts)[:1]:
+        raise MEGError(why, source=source, field=field)
 
 
 def check_chat(spec: MEGSpec, source: str) -> None:

@@ -28,6 +28,7 @@ from flows.report import reward_gain, summary, timings
 from flows.run import Run, RunError, default_store, load_run, resume_point
 from flows.watch import watch_step
 from meg.render import mermaid
+from meg.sizes import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW, step_samples_problem
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -52,10 +53,14 @@ class TrainParams(BaseModel):
         None, ge=0, description="η of async mode: rows may come from versions >= k - η"
     )
     steps: int | None = Field(None, ge=1, description="optimizer steps per agent")
-    episodes_per_step: int | None = Field(None, ge=1, description="episodes of one step")
+    episodes_per_step: int | None = Field(
+        None, ge=1, le=MAX_STEP_SAMPLES, description="episodes of one step"
+    )
     micro_batches: int | None = Field(None, ge=1, description="micro-batches of one step")
-    window: int | None = Field(None, ge=1, description="steps in flight at once (default 2)")
-    seed: int | None = Field(None, description="seed of data order and sampling")
+    window: int | None = Field(
+        None, ge=1, le=MAX_WINDOW, description="steps in flight at once (default 2)"
+    )
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of data order and sampling")
     run_dir: str | None = Field(None, description="run directory (default runs/<name>-<time>)")
     store: str | None = Field(
         None, description="fsspec URL of the MEG Store (default <run_dir>/store)"
@@ -97,6 +102,8 @@ def check(p: TrainParams) -> None:
         )
     spec = load_config(p.config)
     r = spec.run
+    if p.episodes_per_step and (problem := step_samples_problem(spec, p.episodes_per_step)):
+        raise RunError(f"--episodes-per-step: {problem}")
     try:
         scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
         PipelineConfig(

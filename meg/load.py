@@ -19,6 +19,7 @@ from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE, known_fanouts
 from meg.graph import children_map, find_cycle
 from meg.registry import Registry
+from meg.sizes import MAX_NODES, step_samples_problem
 from meg.spec import NAME, MEGSpec, PlacementSpec
 from meg.template import RESERVED, placeholders
 from meg.unroll import unroll_exchange
@@ -72,6 +73,14 @@ def build_spec(data: dict[str, Any], source: str = "<memory>") -> MEGSpec:
     if not spec.exchanges:
         return spec
     nodes = dict(spec.nodes)
+    unrolled = len(nodes) + sum(len(ex.agents) * ex.rounds for ex in spec.exchanges.values())
+    if unrolled > MAX_NODES:
+        raise MEGError(
+            f"the exchanges unroll into {unrolled:,} nodes (agents × rounds each, plus the "
+            f"other nodes); the limit is {MAX_NODES:,}",
+            source=source,
+            field="exchanges",
+        )
     for ex_name, ex in spec.exchanges.items():
         for agent in ex.agents:
             if agent not in spec.agents:
@@ -176,6 +185,11 @@ def validate(
     cycle = find_cycle(children_map(spec))
     if cycle:
         raise fail(f"the graph has a cycle: {' -> '.join(cycle)}", "nodes")
+    if len(spec.nodes) > MAX_NODES:
+        raise fail(f"{len(spec.nodes):,} nodes; the limit is {MAX_NODES:,}", "nodes")
+    problem = step_samples_problem(spec, spec.run.episodes_per_step)
+    if problem:
+        raise fail(problem, "run.episodes_per_step")
     for node_name, reward in spec.rewards.items():
         if node_name not in spec.nodes:
             raise fail(

@@ -16,6 +16,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
+from meg.sizes import (
+    MAX_DATASET,
+    MAX_GROUP,
+    MAX_REWARD_PROCESSES,
+    MAX_ROUNDS,
+    MAX_SEED,
+    MAX_STEP_SAMPLES,
+    MAX_TIMEOUT_S,
+    MAX_WINDOW,
+)
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
 
@@ -210,6 +220,8 @@ class NodeSpec(_Frozen):
     def _n_positive(cls, v: int) -> int:
         if v < 1:
             raise ValueError(f"n must be at least 1 (got {v}); it is the number of samples")
+        if v > MAX_GROUP:
+            raise ValueError(f"n must be at most {MAX_GROUP} (got {v}): the group-size limit")
         return v
 
 
@@ -219,7 +231,10 @@ class RewardSpec(_Frozen):
     fn: str = Field(description="A registered reward name, or `module:function` of your own.")
     params: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float | None = Field(
-        None, gt=0.0, description="Per-call timeout, seconds; default `run.scoring.timeout_s`."
+        None,
+        gt=0.0,
+        le=MAX_TIMEOUT_S,
+        description="Per-call timeout, seconds; default `run.scoring.timeout_s`.",
     )
 
 
@@ -238,8 +253,8 @@ class ExchangeSpec(_Frozen):
     """
 
     agents: list[str] = Field(min_length=2)
-    rounds: int = Field(2, ge=1)
-    n: int = Field(1, ge=1)
+    rounds: int = Field(2, ge=1, le=MAX_ROUNDS)
+    n: int = Field(1, ge=1, le=MAX_GROUP)
     first_template: str
     reply_template: str
     other_fanout: str = "first"
@@ -263,9 +278,9 @@ class DatasetSpec(_Frozen):
     url: str | None = None
     question_field: str = "question"
     answer_field: str = "answer"
-    train_size: int = Field(512, ge=1)
-    eval_size: int = Field(64, ge=0)
-    seed: int = 0
+    train_size: int = Field(512, ge=1, le=MAX_DATASET)
+    eval_size: int = Field(64, ge=0, le=MAX_DATASET)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     question_tokens: int = Field(16, ge=1, description="Estimate used by `meg show` only.")
 
 
@@ -278,7 +293,9 @@ class ScoringSpec(_Frozen):
     samples have failed (counted once `min_samples` are scored), which stops the run.
     """
 
-    timeout_s: float = Field(5.0, gt=0.0, description="Per-call timeout, seconds.")
+    timeout_s: float = Field(
+        5.0, gt=0.0, le=MAX_TIMEOUT_S, description="Per-call timeout, seconds."
+    )
     on_failure: Literal["zero", "drop_group"] = Field(
         "zero",
         description="`zero`: a failed sample gets reward 0 and its group is scored as usual; "
@@ -290,25 +307,29 @@ class ScoringSpec(_Frozen):
     min_samples: int = Field(
         50, ge=1, description="Scored samples before `max_failed_fraction` is applied."
     )
-    processes: int = Field(2, ge=1, description="Reward processes per worker.")
+    processes: int = Field(
+        2, ge=1, le=MAX_REWARD_PROCESSES, description="Reward processes per worker."
+    )
 
 
 class RunSpec(_Frozen):
     """Run-level defaults; every one can be overridden on the command line."""
 
     steps: int = Field(10, ge=1)
-    episodes_per_step: int = Field(8, ge=1)
+    episodes_per_step: int = Field(8, ge=1, le=MAX_STEP_SAMPLES)
     micro_batches: int = Field(2, ge=1)
     mode: Literal["sync", "flex", "async"] = "flex"
     staleness: int = Field(0, ge=0)
-    window: int = Field(2, ge=1, description="Steps compiled ahead into the task graph.")
+    window: int = Field(
+        2, ge=1, le=MAX_WINDOW, description="Steps compiled ahead into the task graph."
+    )
     checkpoint_every: int = Field(
         0, ge=0, description="Optimizer steps between checkpoints; 0 means every step."
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
     )
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     rollout: RolloutPolicy = Field(
         FullRollout(),
         description="How a step's episodes are launched and cut: `full` (default) or `april` "

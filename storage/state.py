@@ -23,13 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import fsspec
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from storage.errors import IntegrityError, StoreError
-from storage.retry import RETRY_OPTION
+from storage.fs import open_fs
 
 Tensors = dict[str, torch.Tensor]
 
@@ -231,10 +230,8 @@ class StateStore:
 
     def __init__(self, root_url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.root_url = root_url.rstrip("/")
-        # a run's storage_options may carry the MEG Store's retry policy: not an fsspec option
-        self.storage_options = {
-            k: v for k, v in (storage_options or {}).items() if k != RETRY_OPTION
-        }
+        # with the MEG Store's retry policy (storage.fs): states on S3 retry like segments
+        self.storage_options = dict(storage_options or {})
         self._refs: dict[str, StateRef] = {}
         self._memory: dict[str, tuple[Tensors, dict[str, Any]]] = {}
 
@@ -248,7 +245,7 @@ class StateStore:
         return Url(self.root_url) if isinstance(loc, Url) and not loc.url else loc
 
     def _fs(self, loc: Url, key: str) -> tuple[Any, str]:
-        fs, base = fsspec.core.url_to_fs(f"{loc.url.rstrip('/')}/{key}", **self.storage_options)
+        fs, base = open_fs(f"{loc.url.rstrip('/')}/{key}", self.storage_options)
         return fs, base
 
     def _read_doc(self, loc: Url, key: str) -> dict[str, Any]:
@@ -346,7 +343,7 @@ class StateStore:
 
     def keys(self, prefix: str = "") -> list[str]:
         found = set(self._refs)
-        fs, base = fsspec.core.url_to_fs(self.root_url, **self.storage_options)
+        fs, base = open_fs(self.root_url, self.storage_options)
         for path in fs.glob(f"{base}/**/state.json") if fs.exists(base) else []:
             found.add(str(path)[len(base.rstrip("/")) + 1 : -len("/state.json")])
         return sorted(k for k in found if k.startswith(prefix))

@@ -150,9 +150,17 @@ def reward_reads(name: str, params: Mapping[str, Any]) -> frozenset[str] | None:
     if reads is None:
         return None
     try:
-        return frozenset(reads(params))
+        names = tuple(reads(params))
     except KeyError as e:
         raise ValueError(f"reward {name!r} needs the parameter {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:  # params of the wrong shape for its `reads`
+        raise ValueError(
+            f"reward {name!r}: params {dict(params)} do not name nodes ({e})"
+        ) from None
+    wrong = [n for n in names if not isinstance(n, str)]
+    if wrong:
+        raise ValueError(f"reward {name!r}: a parameter naming a node is {wrong[0]!r}, not a name")
+    return frozenset(names)
 
 
 def _param(key: str) -> Reads:

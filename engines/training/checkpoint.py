@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -60,6 +59,7 @@ from engines.training.lora import (
     write_adapter,
 )
 from engines.training.trainer import AgentTrainer, TrainConfig
+from storage.fs import open_fs
 
 log = logging.getLogger(__name__)
 TOKENIZER_FILES = re.compile(
@@ -120,7 +120,7 @@ def load_checkpoint(url: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
 
 def _needed(url: str) -> tuple[str, ...]:
     """The files a load reads: the state, and the adapter of a LoRA checkpoint."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_fs(url)
     lora = fs.exists(f"{path}/{ADAPTER_WEIGHTS}")
     return (STATE_FILE, ADAPTER_WEIGHTS) if lora else (STATE_FILE,)
 
@@ -171,7 +171,7 @@ def committed_checkpoints(root: str) -> list[str]:
 
 def _scan(root: str) -> list[tuple[str, bool]]:
     """Every `vNNNNNN` folder under `root`, oldest first, and whether it is committed."""
-    fs, path = fsspec.core.url_to_fs(root)
+    fs, path = open_fs(root)
     if not fs.exists(path):
         return []
     names = sorted(
@@ -188,7 +188,7 @@ def prune_checkpoints(root: str, keep: int) -> list[str]:
     Uncommitted directories (a write in progress or cut short) are left alone."""
     old = committed_checkpoints(root)[:-keep]
     for url in old:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = open_fs(url)
         fs.rm(f"{path}/{META_FILE}")  # uncommit first: a cut-short delete is then ignored
         fs.rm(path, recursive=True)
     return old

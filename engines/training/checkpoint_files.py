@@ -35,8 +35,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from storage.fs import open_fs
 
 log = logging.getLogger("engines.training.checkpoint")
 
@@ -123,7 +124,7 @@ def check_files(url: str, digest: Digest, blobs: Mapping[str, bytes | None]) -> 
 def write_dir(url: str, files: Mapping[str, bytes]) -> None:
     """Write checkpoint directory `url` from `files` (written in order: `meta.json` last).
     Any OSError becomes a CheckpointError naming `url` (ENOSPC: "no space left")."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_fs(url)
     try:
         if isinstance(fs, LocalFileSystem):
             _write_local(path.rstrip("/"), files)
@@ -183,7 +184,7 @@ def _write_in_place(fs: Any, path: str, files: Mapping[str, bytes]) -> None:
 def quarantine(url: str) -> str | None:
     """Rename checkpoint `url` to `url.corrupt` (`.corrupt.2`, ... if taken); its new URL,
     or None if another process moved it first. Never deletes: a human may want the bytes."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_fs(url)
     path = path.rstrip("/")
     dest, n = f"{path}.corrupt", 1
     while fs.exists(dest):
@@ -203,7 +204,7 @@ def read_dir(
     file is read and hashed. A checkpoint from before digests has only `need` read (or, with
     `load=False`, checked to exist). FileNotFoundError: no `meta.json`, so no committed
     checkpoint; CorruptCheckpointError: damaged or missing bytes under a `meta.json`."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_fs(url)
     raw = _cat_or_none(fs, f"{path}/{META_FILE}")
     if raw is None:
         raise FileNotFoundError(f"checkpoint {url!r} has no {META_FILE} (unfinished or wrong dir)")
@@ -251,7 +252,7 @@ _VERIFIED: dict[str, str] = {}
 def _fingerprint(url: str) -> str | None:
     """What must be unchanged for an earlier verification to still hold; None if the
     checkpoint has no `meta.json`."""
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = open_fs(url)
     try:
         raw = fs.cat_file(f"{path}/{META_FILE}")
         entries = fs.ls(path, detail=True)

@@ -46,18 +46,21 @@ def test_missing_samples_and_empty_sides() -> None:
 
 
 def _sample(step: int, rss: float, fds: int, threads: int) -> dict[str, object]:
-    steady = {"pid": 1, "rss_mb": 500.0, "fds": 30, "files": 2, "threads": 9}
-    leaky = {"pid": 2, "rss_mb": rss, "fds": fds, "files": 3, "threads": threads}
+    steady = {"pid": 1, "rss_mb": 500.0, "fds": 30, "sockets": 6, "files": 2, "threads": 9}
+    leaky = {"pid": 2, "rss_mb": rss, "fds": fds, "sockets": 4, "files": 3, "threads": threads}
+    if fds > 20:  # the leak's descriptors: a socket from step 4, a file from step 6
+        leaky |= {"sockets": 5, "files": 2 + fds - 20}
     procs = {"driver": steady, "train-0": leaky}
     return {"step": step, "t": float(step), "procs": procs, "processes": 4 + (step == 7)}
 
 
 def test_the_keys_are_the_worst_process() -> None:
-    samples = [_sample(s, 100.0 + 3 * s, 20 + (s >= 4), 10 + s // 3) for s in range(8)]
+    samples = [_sample(s, 100.0 + 3 * s, 20 + (s >= 4) + (s >= 6), 10 + s // 3) for s in range(8)]
     out = summarize(series(samples), warmup=2)
     train = out["per_process"]["train-0"]
-    assert train["rss_mb"]["warm"] == 103.0 and train["fds"]["delta_last"] == 1
+    assert train["rss_mb"]["warm"] == 103.0 and train["fds"]["delta_last"] == 2
     assert out["rss_growth_max"] == pytest.approx(18 / 103, abs=1e-4)  # 121 at step 7
+    assert out["fds_growth"] == 2 and out["sockets_growth"] == 1
     assert out["open_files_growth"] == 1 and out["threads_growth"] == 2  # 10 -> 12
     assert out["per_process"]["driver"]["rss_mb"]["rel_max"] == 0.0
     assert out["processes_growth"] == 1  # one more process in the tree at the end
@@ -108,3 +111,8 @@ def test_soak_bench_small(tmp_path: Path, prefect_server: str) -> None:
     for key in KEYS:
         assert r[key] == again[key] and res[key] == r[key]
     assert isinstance(res["soak_ok"], bool)
+    # the test's Prefect server is a child of this process: its pools were filled first
+    pools = res["server_pools"]
+    assert [p["burst"] for p in pools] == [0, 1, 4, 16, 64]
+    assert all(p["files"] > 0 and p["threads"] > 0 for p in pools)
+    assert pools[-1]["threads"] >= pools[0]["threads"]

@@ -63,6 +63,54 @@ def test_train_rejects_bad_sizes(tmp_path: Path, capsys: pytest.CaptureFixture[s
         err = capsys.readouterr().err
         assert f"{flag}: Input should be greater than or equal to 1 (got 0)" in err, err
         assert "Traceback" not in err
+    for flag, value in (("--window", "65"), ("--seed", "-1"), ("--episodes-per-step", "1000001")):
+        assert main(["train", str(cfg), flag, value, "--run-dir", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"flexmarl: error: {flag}: ") and "Traceback" not in err, err
+
+
+def test_a_step_too_big_for_the_override_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "m.yaml"  # 1,000 samples an episode: 1,000 episodes is the limit
+    cfg.write_text(
+        "name: m\nagents: {a: {model: hf://o/m}}\n"
+        "nodes: {n: {agent: a, template: 'Q: {question}', n: 1000}}\n"
+    )
+    args = ["train", str(cfg), "--run-dir", str(tmp_path / "r"), "--episodes-per-step"]
+    assert main([*args, "1001"]) == 2
+    err = capsys.readouterr().err
+    assert "--episodes-per-step: one step would generate 1,001,000 samples" in err, err
+
+
+def test_prompts_that_can_outgrow_the_context_are_refused_before_the_run(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from workloads import BUILTIN
+
+    data = yaml.safe_load(BUILTIN["math-chain"].read_text())
+    for agent in data["agents"].values():
+        agent["model"] = tiny_model  # a 512-token context
+    data["agents"]["solver"]["sampling"]["max_tokens"] = 10**12  # clamped to 511 by the engine
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["meg", "validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "field `nodes.verify.inputs`" in err and "solve: 1 × 511" in err, err
+    assert "a 512-token context" in err
+    data["agents"]["solver"]["sampling"]["max_tokens"] = 400  # 16 + 400 < 512: fits
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["meg", "validate", str(cfg)]) == 0
+    broken = tmp_path / "broken"  # a model whose config.json is not JSON: named, no traceback
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    data["agents"]["verifier"]["model"] = str(broken)
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["meg", "validate", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "field `agents.verifier.model`" in err and "Traceback" not in err, err
 
 
 def _lora_fanout(tmp_path: Path, model: str, **lora_of: object) -> Path:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from flows.cluster import ClusterConfig
 from flows.train import TrainParams, train
@@ -235,3 +236,42 @@ def test_zero_advantage_skipping_in_a_real_run(
             assert record["extra"]["metrics"]["zero_adv_skipped_frac"] == pytest.approx(zero)
             fractions.append(zero)
     assert any(f > 0 for f in fractions)  # a tiny random policy: many groups agree
+
+
+def test_a_config_at_the_limits_passes_the_checks_and_runs(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """Every size at the largest value the checks accept (or unbounded, like max_tokens on
+    the last node), in one real run: what passes `check` must not fail at run time."""
+    from engines.training.checkpoint import latest_checkpoint
+    from flows.train import check
+    from meg.sizes import MAX_SEED, MAX_TIMEOUT_S, MAX_WINDOW
+
+    cfg = write_config(tmp_path, tiny_model, steps=2, episodes_per_step=2, micro_batches=1)
+    data = yaml.safe_load(cfg.read_text())
+    data["agents"]["verifier"]["sampling"]["max_tokens"] = 10**12  # clamped by the engine
+    data["run"] |= {
+        "window": MAX_WINDOW,
+        "seed": MAX_SEED,
+        "mode": "async",
+        "staleness": 10**6,
+        "checkpoint_every": 10**9,  # the last step is checkpointed all the same
+        "keep_checkpoints": 10**9,
+        "scoring": {"timeout_s": MAX_TIMEOUT_S, "min_samples": 10**12},
+    }
+    cfg.write_text(yaml.safe_dump(data))
+    params = TrainParams(
+        config=str(cfg),
+        run_dir=str(tmp_path / "run"),
+        cluster=ClusterConfig(scheduler=cluster),
+        export_final=False,
+    )
+    check(params)
+    out = train(params)
+    assert out["steps"] == 2 and out["consistency"]["violations"] == 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    rows = store.table("verifier").read()
+    total = np.diff(rows.prompt_offsets) + np.diff(rows.response_offsets)
+    assert len(total) and total.max() <= 512  # prompt + response within the context
+    assert (np.diff(rows.response_offsets) > 32).any()  # not cut at the default max_tokens
+    assert latest_checkpoint(f"{out['store_url']}/{out['run_id']}/_checkpoints/verifier")

@@ -1,7 +1,10 @@
 """Fuzzing `flexmarl meg validate` and `flexmarl train`'s checks (hypothesis, bounded and
 derandomized for CI): arbitrary YAML documents, and arbitrary mutations of every built-in
 MEG, never give a traceback — the file is accepted, or what is wrong is said in one line
-(exit 2). A mutation the loader cannot handle shows up here as an exception."""
+(exit 2). A mutation the loader cannot handle shows up here as an exception.
+
+The built-ins' agents are pointed at a real tiny model first, so that a mutation is not
+simply refused for its missing model and reaches every later check (sizes included)."""
 
 from __future__ import annotations
 
@@ -40,6 +43,24 @@ VALUES = st.recursive(
     ),
     max_leaves=16,
 )
+
+
+TINY = "@TINY@"  # where a built-in names its model; the test puts a real one there
+
+
+@pytest.fixture(scope="module")
+def fuzz_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from workloads.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny", seed=0))
+
+
+def with_model(doc: Any, model: str) -> Any:
+    if isinstance(doc, dict):
+        return {k: with_model(v, model) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [with_model(v, model) for v in doc]
+    return model if doc == TINY else doc
 
 
 def validate(doc: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,15 +102,32 @@ def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+SIZES = st.one_of(
+    st.integers(-2, 4),
+    st.integers(10**3, 10**12),
+    st.sampled_from([2**31, 2**63, 10**100, 1e300, -1e-300]),
+)
+
+
+def _at(doc: Any, path: tuple[Any, ...]) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
 @st.composite
 def mutated_builtin(draw: st.DrawFn) -> Any:
-    """A built-in MEG with one to three of: a value replaced, a key deleted, a key added."""
+    """A built-in MEG with one to three of: a value replaced, a key deleted, a key added, a
+    number resized."""
     name = draw(st.sampled_from(sorted(BUILTIN)))
     doc = yaml.safe_load(BUILTIN[name].read_text())
+    for agent in doc["agents"].values():
+        agent["model"] = TINY
+        agent.pop("tokenizer", None)
     for _ in range(draw(st.integers(1, 3))):
         paths = _paths(doc)
         path = draw(st.sampled_from(paths))
-        kind = draw(st.sampled_from(["replace", "delete", "add"]))
+        kind = draw(st.sampled_from(["replace", "delete", "add", "resize"]))
         if not path:  # the document itself
             doc = draw(VALUES) if kind == "replace" else doc
             continue
@@ -97,7 +135,13 @@ def mutated_builtin(draw: st.DrawFn) -> Any:
         parent = doc
         for k in parent_path:
             parent = parent[k]
-        if kind == "replace":
+        if kind == "resize":  # a number of the document: tiny, negative or absurdly big
+            sized = [q for q in paths if q and isinstance(_at(doc, q), int | float)]
+            if sized:
+                *parent_path, last = draw(st.sampled_from(sized))
+                parent = _at(doc, tuple(parent_path))
+                parent[last] = draw(SIZES)
+        elif kind == "replace":
             parent[last] = draw(VALUES)
         elif kind == "delete":
             del parent[last]
@@ -109,6 +153,6 @@ def mutated_builtin(draw: st.DrawFn) -> Any:
 @FUZZ
 @given(doc=mutated_builtin())
 def test_mutations_of_the_builtin_megs_are_accepted_or_refused_in_one_line(
-    doc: Any, capsys: pytest.CaptureFixture[str]
+    doc: Any, capsys: pytest.CaptureFixture[str], fuzz_model: str
 ) -> None:
-    validate(doc, capsys)
+    validate(with_model(doc, fuzz_model), capsys)

@@ -1,7 +1,9 @@
-"""Fixtures: one real S3-compatible server (moto) per session, and the three backends."""
+"""Fixtures: one real S3-compatible server (moto) per session, the three backends, and a TCP
+proxy in front of moto that a test kills and restarts (an S3 outage)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -80,3 +82,35 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[
         return f"memory://t-{uuid.uuid4().hex[:12]}", None
     endpoint = request.getfixturevalue("moto_endpoint")
     return f"s3://{new_bucket(endpoint)}/store", s3_options(endpoint)
+
+
+class Proxy:
+    """`python -m tests.storage._proxy` on a fixed port in front of `target`."""
+
+    def __init__(self, target: str) -> None:
+        self.port = _free_port()
+        self.target_port = int(target.rsplit(":", 1)[1])
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "tests.storage._proxy", str(self.port), str(self.target_port)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=os.getcwd())
+        wait_listening(self.port, self.proc, "proxy")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[Proxy]:
+    p = Proxy(moto_endpoint)
+    yield p
+    if p.proc is not None and p.proc.poll() is None:
+        p.kill()

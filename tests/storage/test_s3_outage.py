@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,42 +26,10 @@ from storage.retry import RETRY_ENV, RETRY_OPTION, RetryPolicy
 from storage.schema import SegmentKey
 from storage.store import MEGStore
 from storage.testing import synthetic_batch
-from tests.storage.conftest import _free_port, moto_server, new_bucket, s3_options, wait_listening
+from tests.storage.conftest import Proxy, moto_server, new_bucket, s3_options
 
 FAST = {"attempts": 40, "base_s": 0.05, "max_s": 0.5, "attempt_timeout_s": 2.0}
 QUICK_BOTO = {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 2}}
-
-
-class Proxy:
-    """`python -m tests.storage._proxy` on a fixed port in front of `target`."""
-
-    def __init__(self, target: str) -> None:
-        self.port = _free_port()
-        self.target_port = int(target.rsplit(":", 1)[1])
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "tests.storage._proxy", str(self.port), str(self.target_port)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=os.getcwd())
-        wait_listening(self.port, self.proc, "proxy")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[Proxy]:
-    p = Proxy(moto_endpoint)
-    yield p
-    if p.proc is not None and p.proc.poll() is None:
-        p.kill()
 
 
 def open_store(endpoint: str, bucket: str, **policy: Any) -> MEGStore:
