@@ -82,6 +82,12 @@ def _settings_env() -> dict[str, str]:
     }
 
 
+def worker_env() -> dict[str, str]:
+    """What a worker started by hand needs (`flexmarl worker`): the run settings above and
+    one OpenMP thread (each worker runs one task at a time)."""
+    return {**_settings_env(), "OMP_NUM_THREADS": "1"}
+
+
 @contextmanager
 def prefect_api() -> Iterator[str]:
     """Use `PREFECT_API_URL` if set, else run one local API server for the run's lifetime."""

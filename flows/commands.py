@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from engines.model_files import ModelFetchError
+from flows import commands_models  # noqa: F401  registers `model push`
 from flows.cli import command
 from flows.config import load_config
 from flows.run import RunError
@@ -15,7 +17,12 @@ from storage.errors import StoreError
 from workloads import resolve_config
 from workloads.datasets import DatasetError
 
-EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (DatasetError, RunError, StoreError)
+EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (
+    DatasetError,
+    RunError,
+    StoreError,
+    ModelFetchError,
+)
 
 
 def option_error(e: Any) -> RunError:
@@ -40,16 +47,34 @@ def _meg_show_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _meg_validate_args(p: argparse.ArgumentParser) -> None:
+    _meg_show_args(p)
+    p.add_argument(
+        "--scheduler",
+        help="also check that every worker of this Dask cluster can open the local models",
+    )
+    p.add_argument("--store", help="with --scheduler: also check the store (a local folder)")
+
+
 @command(
     "meg validate",
     "Validate a MEG config; exit 0 if valid, 2 with the problem if not.",
-    _meg_show_args,
+    _meg_validate_args,
 )
 def meg_validate(args: argparse.Namespace) -> int:
     spec = load_config(args.config, check_models=not args.skip_model_check)
+    where = ""
+    if args.scheduler:
+        from distributed import Client
+
+        from flows.reach import check_reachable
+
+        with Client(args.scheduler, timeout=60) as client:
+            check_reachable(client, spec, args.store)
+            where = f"; every worker of {args.scheduler} can open its local paths"
     print(
         f"{resolve_config(args.config)}: valid MEG {spec.name!r} "
-        f"({len(spec.agents)} agents, {len(spec.nodes)} nodes)"
+        f"({len(spec.agents)} agents, {len(spec.nodes)} nodes){where}"
     )
     return 0
 

@@ -80,8 +80,9 @@ def check_context(spec: MEGSpec, source: str) -> None:
 
     contexts = {}
     for name, agent in spec.agents.items():
-        if not is_hub_name(agent.model):
-            cfg = Path(agent.model).expanduser() / "config.json"
+        local = model_dir(name, agent.model, source)
+        if local is not None:
+            cfg = local / "config.json"
             if not cfg.is_file():
                 continue
             try:
@@ -160,6 +161,19 @@ def skip_zero_advantage_problem(loss: LossSpec) -> str | None:
     return None
 
 
+def model_dir(agent: str, model: str, source: str) -> Path | None:
+    """The local directory of an agent's model for the driver's checks: a URL is fetched
+    into the model cache (engines.model_files); None for a hub name (not fetched here)."""
+    from engines.model_files import ModelFetchError, local_dir
+
+    if is_hub_name(model):
+        return None
+    try:
+        return Path(local_dir(model)).expanduser()
+    except ModelFetchError as e:
+        raise MEGError(str(e), source=source, field=f"agents.{agent}.model") from None
+
+
 def check_lora(spec: MEGSpec, source: str) -> None:
     """Every LoRA agent's targets exist in its model, and its engine can serve adapters.
 
@@ -168,10 +182,11 @@ def check_lora(spec: MEGSpec, source: str) -> None:
 
     for name, agent in spec.agents.items():
         lora = LoraConfig.from_json(None if agent.lora is None else agent.lora.model_dump())
-        if lora is None or is_hub_name(agent.model):
+        local = model_dir(name, agent.model, source)
+        if lora is None or local is None:
             continue
         try:
-            adapter_parameters(agent.model, lora)
+            adapter_parameters(str(local), lora)
         except ValueError as e:
             raise MEGError(
                 str(e), source=source, field=f"agents.{name}.lora.target_modules"
@@ -179,6 +194,6 @@ def check_lora(spec: MEGSpec, source: str) -> None:
         if agent.backend == "vllm":
             from engines.rollout.vllm_backend import lora_architecture_problem
 
-            problem = lora_architecture_problem(Path(agent.model))
+            problem = lora_architecture_problem(local)
             if problem:
                 raise MEGError(problem, source=source, field=f"agents.{name}.backend")

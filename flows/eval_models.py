@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.model_files import local_dir
 from flows.run import RunError, load_run
 from meg import MEGSpec
 
@@ -71,7 +72,7 @@ def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, st
             continue
         if is_adapter_dir(final) and agent in run.ctx.spec.agents:
             spec = run.ctx.spec.agents[agent]
-            out = merged_model_dir(final, spec.model.removeprefix("hf://"), spec.dtype, tmp / agent)
+            out = merged_model_dir(final, local_dir(spec.model), spec.dtype, tmp / agent)
             models[agent], labels[agent] = str(out), f"final/{agent} (adapter, merged)"
             continue
         if agent not in run.ctx.spec.agents:
@@ -82,7 +83,7 @@ def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, st
                 f"run {run_dir} has neither final/{agent}/ nor a checkpoint of agent "
                 f"{agent!r} under {run.ctx.checkpoint_root(agent)}; did the run finish a step?"
             )
-        base_model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
+        base_model = local_dir(run.ctx.spec.agents[agent].model)
         trainer = restore_trainer(ckpt, model_path=base_model)
         try:
             out = export_hf(trainer, tmp / agent, how="merged")

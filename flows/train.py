@@ -24,6 +24,7 @@ from flows.config import load_config
 from flows.executors import DaskExecutor, PrefectExecutor
 from flows.pipeline import Pipeline, PipelineConfig
 from flows.progress import Progress
+from flows.reach import check_reachable
 from flows.report import reward_gain, summary, timings
 from flows.run import Run, RunError, default_store, load_run, resume_point
 from flows.watch import watch_step
@@ -215,6 +216,14 @@ def pipeline_flow(
     return [results, t0, wall]
 
 
+def check_workers(run: Run, workers: Workers) -> None:
+    """Every worker can open the run's local models and store (flows.reach)."""
+    from distributed import Client
+
+    with Client(workers.address) as client:
+        check_reachable(client, run.ctx.spec, run.ctx.store_url)
+
+
 def ship_plugins(run: Run, workers: Workers) -> None:
     """The MEG's own modules onto every worker (also workers that join later)."""
     if not run.ctx.spec.plugins:
@@ -285,12 +294,13 @@ def finalize(
 def export_final(run: Run, how: str = "adapter") -> None:
     """Every agent's final policy under `final/<agent>/` (what `evaluate` loads): a HF model
     directory, or for a LoRA agent its PEFT adapter (`how="merged"`: the merged model)."""
+    from engines.model_files import local_dir
     from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
 
     for agent in {n.agent for n in run.ctx.spec.nodes.values()}:
         ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
         if ckpt is not None:
-            model = run.ctx.spec.agents[agent].model.removeprefix("hf://")
+            model = local_dir(run.ctx.spec.agents[agent].model)
             trainer = restore_trainer(ckpt, model_path=model)
             try:
                 export_hf(trainer, run.dir / "final" / agent, how=how)
@@ -303,6 +313,8 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     run = prepare(params)
     with dask_cluster(params.cluster) as workers:
+        if params.cluster.scheduler:  # a cluster this run did not start: hosts may differ
+            check_workers(run, workers)
         ship_plugins(run, workers)
         results, t0, wall = execute(run, workers, params.executor)
     return finalize(run, results, t0, wall, workers, params)

@@ -45,7 +45,9 @@ class Held:
 
 
 def model_parameters(model: str) -> int:
-    shapes = checkpoint_shapes(Path(model))
+    from engines.model_files import local_dir
+
+    shapes = checkpoint_shapes(Path(local_dir(model)))
     total = 0
     for shape in shapes.values():
         n = 1

@@ -125,6 +125,11 @@ def is_hub_name(model: str) -> bool:
     return model.startswith(HUB_PREFIX)
 
 
+def is_url(model: str) -> bool:
+    """A model named by an fsspec URL (`s3://bucket/models/x`), not a local path."""
+    return "://" in model and not model.startswith(("file://", HUB_PREFIX))
+
+
 def validate(
     spec: MEGSpec,
     *,
@@ -219,8 +224,8 @@ def validate(
     if check_models:
         for name, agent in spec.agents.items():
             for fld, path in (("model", agent.model), ("tokenizer", agent.tokenizer)):
-                if path is None or is_hub_name(path):
-                    continue
+                if path is None or is_hub_name(path) or is_url(path):
+                    continue  # a URL is fetched and checked by who opens it
                 if not Path(path).expanduser().is_dir():
                     raise fail(
                         f"model directory {path!r} does not exist (a relative path is looked "

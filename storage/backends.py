@@ -36,6 +36,7 @@ from zarr.storage import FsspecStore, LocalStore
 
 from meg.registry import Registry
 from storage.errors import StoreError, StoreFullError
+from storage.fs import fresh_listings
 from storage.retry import RETRY_OPTION, Retrier, RetryingStore, RetryPolicy, endpoint_of
 
 T = TypeVar("T")
@@ -195,7 +196,7 @@ class FsspecBackend:
 
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         scheme, rest = split_scheme(url)
-        options = dict(storage_options)
+        options = fresh_listings(scheme, dict(storage_options))
         policy = RetryPolicy.from_options(options.pop(RETRY_OPTION, None))
         self.scheme = scheme
         self.storage_options = options  # what fsspec gets: without our retry policy

@@ -70,14 +70,31 @@ def _shared_retrier(scheme: str, policy: RetryPolicy, endpoint: str) -> Retrier:
     return Retrier(policy, f"{scheme}://", endpoint)
 
 
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl"})
+
+
+def fresh_listings(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with fsspec's listings cache off for an object store (unless set).
+
+    Why: s3fs answers `info`, `exists` and (for `cat_file`, through `size`) even reads from
+    its cache of directory listings. What another host commits after this process listed a
+    folder is then "not found" without a request: a training worker that had listed a
+    table's commits did not see the next micro-batch's segment, which a rollout worker on
+    another host had committed (found by the multi-host test). Every reader here wants the
+    store as it is now."""
+    if scheme in OBJECT_STORES:
+        options.setdefault("use_listings_cache", False)
+    return options
+
+
 def open_fs(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """``(filesystem, path)`` of ``url``; remote filesystems retry (module docstring)."""
-    options = dict(storage_options or {})
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    options = fresh_listings(scheme, dict(storage_options or {}))
     policy = RetryPolicy.from_options(options.pop(RETRY_OPTION, None))
     fs, path = fsspec.core.url_to_fs(url, **options)
     if isinstance(fs, LocalFileSystem):
         return fs, path
-    scheme = url.split("://", 1)[0] if "://" in url else "file"
     return RetryingFS(fs, _shared_retrier(scheme, policy, endpoint_of(scheme, options))), path
 
 

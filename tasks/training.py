@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from prefect import task
 
+from engines.model_files import local_dir
 from engines.training.checkpoint import (
     checkpoint_dir,
     maybe_checkpoint,
@@ -69,7 +70,7 @@ def trainer_factory(ctx: RunContext, agent: str) -> Any:
     """Build A's trainer on a slot device: from its latest checkpoint if the run has one."""
 
     def build(device: str) -> AgentTrainer:
-        model = ctx.spec.agents[agent].model.removeprefix("hf://")
+        model = local_dir(ctx.spec.agents[agent].model)
         # a corrupt newest checkpoint is set aside and the previous one used; the steps it
         # held are then re-trained from the store (tasks.accounting)
         restored = restore_latest(ctx.checkpoint_root(agent), device=device, model_path=model)

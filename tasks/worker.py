@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any
 
+from engines.model_files import local_dir
 from storage.state import Host, StateStore
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -55,9 +56,7 @@ def state_of(ctx: RunContext) -> StateStore:
 def tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    from meg.load import HUB_PREFIX
-
-    return AutoTokenizer.from_pretrained(path.removeprefix(HUB_PREFIX))
+    return AutoTokenizer.from_pretrained(local_dir(path))
 
 
 @functools.lru_cache(maxsize=64)
@@ -160,7 +159,7 @@ def host_of(ctx: RunContext, agent: str) -> Any:
     if unit.lora:
         ranks = [lora.r for a in unit.agents if (lora := ctx.spec.agents[a].lora) is not None]
         opts["adapters"] = AdapterServing(len(unit.agents), max(ranks))
-    return get_host(key, unit.backend, unit.model.removeprefix("hf://"), **opts)
+    return get_host(key, unit.backend, local_dir(unit.model), **opts)
 
 
 def forget_other_runs(run_id: str) -> None:

@@ -135,3 +135,34 @@ def test_a_state_server_that_never_comes_back(proxy: Proxy, moto_endpoint: str) 
     proxy.kill()
     with pytest.raises(StoreUnavailableError, match=rf"^{proxy.endpoint} did not answer"):
         states.put("solver/published", tensors(0), at=Url())
+
+
+def test_a_commit_from_another_host_is_seen_after_a_listing(moto_endpoint: str) -> None:
+    """Two handles with their own S3 clients (two hosts): what one commits after the other
+    listed the table is found by the other's next lookup, and listed by its next listing."""
+    from storage.schema import SegmentKey
+    from storage.store import MEGStore
+    from storage.testing import synthetic_batch
+
+    url = f"s3://{new_bucket(moto_endpoint)}/store"
+    here = MEGStore.open(url, "run", storage_options=s3_options(moto_endpoint))
+    there_options = {**s3_options(moto_endpoint), "skip_instance_cache": True}
+    there = MEGStore.open(url, "run", create=False, storage_options=there_options)
+    assert there.backend.fs is not here.backend.fs  # type: ignore[attr-defined]
+    key0, key1 = SegmentKey(0, 0, "solve"), SegmentKey(0, 1, "solve")
+    here.table("solver").write_segment(key0, synthetic_batch(key0, seed=0))
+    assert [s.segment_id for s in there.table("solver").segments()] == [key0.id]
+    here.table("solver").write_segment(key1, synthetic_batch(key1, seed=1))  # after the listing
+    assert there.table("solver").has_segment(key1) is not None
+    assert len(there.table("solver").segments()) == 2
+
+
+def test_a_checkpoint_from_another_host_is_the_latest(s3_env: Proxy, moto_endpoint: str) -> None:
+    root = f"s3://{new_bucket(moto_endpoint)}/run/_checkpoints/solver"
+    save_state(f"{root}/v000001", tensors(1), {"version": 1})
+    assert latest_checkpoint(root) == f"{root}/v000001"  # this process listed the root
+    import fsspec
+
+    other = fsspec.filesystem("s3", skip_instance_cache=True)  # another host's client
+    other.copy(f"{root[5:]}/v000001", f"{root[5:]}/v000002", recursive=True)
+    assert latest_checkpoint(root) == f"{root}/v000002"

@@ -1,0 +1,71 @@
+"""Commands for clusters of several hosts: `flexmarl model push` puts a model where every host
+can read it, `flexmarl worker` starts a worker with its role."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from flows.cli import command
+
+
+def _push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", type=Path, help="a local HF model directory")
+    p.add_argument("url", help="where to put it, e.g. s3://bucket/models/NAME")
+
+
+@command(
+    "model push",
+    "Upload a model directory to a URL every worker can read (name that URL as the model).",
+    _push_args,
+)
+def push_cmd(args: argparse.Namespace) -> int:
+    from engines.model_files import push
+
+    n = push(args.model_dir, args.url)
+    print(f"{n} files of {args.model_dir} put at {args.url}; use `model: {args.url}`")
+    return 0
+
+
+def _worker_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scheduler", help="the scheduler's address, tcp://HOST:PORT or tls://HOST:PORT")
+    p.add_argument(
+        "--role",
+        choices=("rollout", "train", "both"),
+        required=True,
+        help="what this worker runs: rollout tasks, training tasks, or both",
+    )
+    p.add_argument("--name", help="the worker's name (default: Dask's)")
+    p.add_argument("--host", help="the address to listen on (this host's, reachable by all)")
+    p.add_argument("--memory-limit", help="e.g. 16GB (default: Dask's, the machine's RAM)")
+    for flag, what in (("ca-file", "the CA"), ("cert", "this worker's certificate"),
+                       ("key", "this worker's private key")):  # fmt: skip
+        p.add_argument(f"--tls-{flag}", help=f"PEM file of {what}: TLS to the scheduler")
+
+
+@command(
+    "worker",
+    "Start a Dask worker for FlexMARL: one thread, its role as a resource, the run settings.",
+    _worker_args,
+)
+def worker_cmd(args: argparse.Namespace) -> int:
+    """Replaces this process with `dask worker` (one thread: tasks own the cores they use)
+    in the environment every worker of a run needs (flows.cluster.worker_env)."""
+    import os
+    import sys
+
+    from flows.cluster import ROLLOUT, TRAIN, worker_env
+
+    roles = {"rollout": [ROLLOUT], "train": [TRAIN], "both": [ROLLOUT, TRAIN]}[args.role]
+    argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.scheduler]
+    argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in roles)]
+    argv += ["--name", args.name] if args.name else []
+    for flag in ("host", "memory_limit", "tls_ca_file", "tls_cert", "tls_key"):
+        if getattr(args, flag):
+            argv += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    if args.tls_cert:
+        argv += ["--protocol", "tls"]
+    argv += ["--no-dashboard"]
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, {**worker_env(), **os.environ})
+    return 0  # pragma: no cover - execve does not return

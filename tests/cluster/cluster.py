@@ -1,0 +1,108 @@
+"""A FlexMARL cluster over namespace hosts (tests/cluster/hosts.py), as a user starts one
+by hand: `dask scheduler` with TLS on one host, an S3 server (moto) on another, `flexmarl
+worker --role ...` on one host per worker, and a driver host that runs `flexmarl` commands.
+No host shares files with another: models go to S3 (`flexmarl model push`), the MEG Store,
+states and checkpoints live on S3, the run directory on the driver."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.hosts import Host, Hosts, namespace_hosts, wait_port
+from tests.cluster.tls import TlsFiles, make_tls
+
+SCHEDULER_PORT, S3_PORT = 8786, 5000
+INSIDE_TLS = TlsFiles(Path("/tmp/tls/ca.pem"), Path("/tmp/tls/cert.pem"), Path("/tmp/tls/key.pem"))
+BUCKET = "flexmarl"
+
+
+@dataclass
+class Cluster:
+    hosts: Hosts
+    scheduler: str  # tls://IP:PORT
+    s3: str  # http://IP:PORT
+
+    @property
+    def driver(self) -> Host:
+        return self.hosts["driver"]
+
+    def env(self, tls: bool = True) -> dict[str, str]:
+        """What every process of the cluster needs: S3 through the environment, TLS."""
+        return {
+            "AWS_ENDPOINT_URL": self.s3,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            **(INSIDE_TLS.dask_env() if tls else {}),
+        }
+
+    def start_worker(self, host: Host, role: str, name: str, tls: bool = True) -> None:
+        cmd = ["flexmarl", "worker", self.scheduler, "--role", role, "--name", name]
+        cmd += ["--host", host.ip, *(INSIDE_TLS.dask_args() if tls else [])]
+        host.start(cmd, env=self.env(), log=f"worker-{name}")
+
+    def workers(self) -> dict[str, Any]:
+        """Name -> the scheduler's record of each connected worker (asked from the driver)."""
+        code = (
+            "import json; from distributed import Client\n"
+            f"with Client('{self.scheduler}', timeout=60) as c:\n"
+            "    info = c.scheduler_info(n_workers=-1)['workers']\n"
+            "    print(json.dumps({w['name']: w for w in info.values()}, default=str))"
+        )
+        out = self.driver.run(["python", "-c", code], env=self.env(), timeout=120)
+        if out.returncode:
+            raise RuntimeError(f"cannot ask the scheduler:\n{out.stderr[-3000:]}")
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def wait_workers(self, n: int, timeout: float = 180) -> None:
+        code = (
+            "from distributed import Client\n"
+            f"with Client('{self.scheduler}', timeout=60) as c:\n"
+            f"    c.wait_for_workers({n}, timeout={timeout})"
+        )
+        out = self.driver.run(["python", "-c", code], env=self.env(), timeout=timeout + 60)
+        if out.returncode:
+            raise RuntimeError(
+                f"{n} workers did not join:\n{out.stderr[-3000:]}\n{self.hosts.logs()}"
+            )
+
+    def flexmarl(self, *args: str, timeout: float = 900, tls: bool = True) -> Any:
+        """`flexmarl ARGS` on the driver host (`tls=False`: without the cluster's TLS
+        settings, e.g. for a run on a local cluster of the driver's own)."""
+        return self.driver.run(["flexmarl", *args], env=self.env(tls), timeout=timeout)
+
+
+@contextmanager
+def multihost_cluster(
+    workers: Sequence[tuple[str, str]], extra: Sequence[str] = ()
+) -> Iterator[Cluster]:
+    """Hosts `scheduler`, `s3`, one per (name, role) in `workers`, `driver` and `extra`
+    (started empty); every worker joined before this yields."""
+    names = ["scheduler", "s3", *(n for n, _ in workers), "driver", *extra]
+    with namespace_hosts(names) as hosts:
+        tls = make_tls(hosts["driver"].root.parent / "tls-src")
+        for host in hosts.hosts.values():
+            shutil.copytree(tls.ca.parent, host.root / "tls")
+        sched, s3 = hosts["scheduler"], hosts["s3"]
+        sched.start(
+            ["dask", "scheduler", "--host", sched.ip, "--port", str(SCHEDULER_PORT),
+             "--protocol", "tls", "--no-dashboard", *INSIDE_TLS.dask_args()],
+            log="scheduler",
+        )  # fmt: skip
+        s3.start(["python", "-m", "moto.server", "-H", s3.ip, "-p", str(S3_PORT)], log="moto")
+        wait_port(sched, SCHEDULER_PORT)
+        wait_port(s3, S3_PORT)
+        cluster = Cluster(hosts, f"tls://{sched.ip}:{SCHEDULER_PORT}", f"http://{s3.ip}:{S3_PORT}")
+        mk = f"import s3fs; s3fs.S3FileSystem().mkdir('{BUCKET}')"
+        made = cluster.driver.run(["python", "-c", mk], env=cluster.env())
+        assert made.returncode == 0, made.stderr
+        for name, role in workers:
+            cluster.start_worker(hosts[name], role, name)
+        cluster.wait_workers(len(workers))
+        yield cluster

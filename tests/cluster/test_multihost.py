@@ -1,0 +1,117 @@
+"""FlexMARL across hosts that share no files: namespace hosts (tests/cluster/hosts.py) for
+the scheduler, an S3 server, one rollout and one training worker, and the driver; TLS on every
+Dask connection; the model, the MEG Store, states and checkpoints on S3; the Prefect server
+on the driver's loopback only."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.cluster import BUCKET, Cluster, multihost_cluster
+from tests.cluster.hosts import available
+from workloads import BUILTIN
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(available() is not None, reason=str(available())),
+]
+MODEL = f"s3://{BUCKET}/models/tiny"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with multihost_cluster([("roll", "rollout"), ("train", "train")], extra=("stranger",)) as c:
+        built = c.flexmarl("tiny-model", "/tmp/tiny")
+        assert built.returncode == 0, built.stderr[-3000:]
+        pushed = c.flexmarl("model", "push", "/tmp/tiny", MODEL)
+        assert pushed.returncode == 0, pushed.stderr[-3000:]
+        yield c
+
+
+def fanout_config(cluster: Cluster, steps: int = 2) -> str:
+    """The built-in fanout, unchanged but for its model (on S3) and small sizes, written on
+    the driver host; its path there."""
+    data = yaml.safe_load(BUILTIN["fanout"].read_text())
+    for agent in data["agents"].values():
+        agent["model"] = MODEL
+        agent.setdefault("sampling", {})["max_tokens"] = 8
+    data["run"] = {"steps": steps, "episodes_per_step": 2, "micro_batches": 2, "seed": 0}
+    (cluster.driver.root / "fanout.yaml").write_text(yaml.safe_dump(data))
+    return "/tmp/fanout.yaml"
+
+
+def test_fanout_on_hosts_that_share_no_files(cluster: Cluster) -> None:
+    cfg = fanout_config(cluster)
+    out = cluster.flexmarl(
+        "train", cfg, "--scheduler", cluster.scheduler, "--store", f"s3://{BUCKET}/store",
+        "--run-dir", "/tmp/run", "--summary-json", "/tmp/run/summary.json",
+    )  # fmt: skip
+    assert out.returncode == 0, (
+        f"{out.stdout[-4000:]}\n{out.stderr[-6000:]}\n{cluster.hosts.logs()}"
+    )
+    summary = json.loads((cluster.driver.root / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["consistency"]["violations"] == 0
+    assert summary["consistency"]["accounting_errors"] == 0
+    assert summary["store_url"] == f"s3://{BUCKET}/store"
+    # each worker host fetched the model from S3 into its own cache; none sees the run dir
+    for name in ("roll", "train"):
+        host = cluster.hosts[name]
+        cached = list((host.root / "home" / ".cache" / "flexmarl" / "models").glob("tiny-*"))
+        assert cached and (cached[0] / "config.json").is_file(), name
+        assert host.run(["test", "-e", "/tmp/run/summary.json"]).returncode == 1
+    assert cluster.driver.run(["test", "-e", "/tmp/run/summary.json"]).returncode == 0
+    # the final export was written by the driver from the checkpoints on S3
+    assert (cluster.driver.root / "run" / "final" / "planner" / "config.json").is_file()
+    # the same config on one host (a local cluster on the driver): the same trajectory
+    local = cluster.flexmarl(
+        "train", cfg, "--store", f"s3://{BUCKET}/store-local", "--run-dir", "/tmp/run-local",
+        "--summary-json", "/tmp/run-local/summary.json", tls=False,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stderr[-4000:]
+    one = json.loads((cluster.driver.root / "run-local" / "summary.json").read_text())
+    assert trajectory(one) == trajectory(summary)
+
+
+def trajectory(summary: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Per step: the team reward, every agent's mean reward, the tokens decoded."""
+    return [
+        (r["team_reward"], sorted(r["reward_mean"].items()), r["decode_tokens"])
+        for r in summary["per_step"]
+    ]
+
+
+def test_a_worker_without_the_certificate_cannot_join(cluster: Cluster) -> None:
+    before = set(cluster.workers())
+    stranger = cluster.hosts["stranger"]
+    cluster.start_worker(stranger, "rollout", "intruder", tls=False)  # no certificate
+    proc, log = stranger.procs[-1]
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and "rror" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.5)  # it gives up (exits) or keeps failing its handshake
+    assert "intruder" not in cluster.workers() and set(cluster.workers()) == before
+    text = log.read_text(errors="replace")
+    assert "SSL" in text or "TLS" in text or "tls" in text, text[-3000:]
+
+
+def test_paths_only_the_driver_has_are_named_before_the_run(cluster: Cluster) -> None:
+    cfg = fanout_config(cluster)
+    text = (cluster.driver.root / "fanout.yaml").read_text().replace(MODEL, "/tmp/tiny")
+    (cluster.driver.root / "local.yaml").write_text(text)
+    out = cluster.flexmarl("meg", "validate", "/tmp/local.yaml", "--scheduler", cluster.scheduler)
+    assert out.returncode == 2, out.stdout + out.stderr
+    for worker in ("roll", "train"):
+        assert f"worker {worker} (" in out.stderr and "has no model of agent" in out.stderr
+    assert "flexmarl model push" in out.stderr and "Traceback" not in out.stderr
+    ok = cluster.flexmarl("meg", "validate", cfg, "--scheduler", cluster.scheduler)
+    assert ok.returncode == 0 and "every worker of" in ok.stdout, ok.stderr[-2000:]
+    # a train with the default store (a folder under the driver's run dir) stops at start
+    out = cluster.flexmarl("train", cfg, "--scheduler", cluster.scheduler, "--run-dir", "/tmp/r2")
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "has no MEG Store folder /tmp/r2/store" in out.stderr, out.stderr[-3000:]
