@@ -35,7 +35,11 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         required=True,
         help="what this worker runs: rollout tasks, training tasks, or both",
     )
-    p.add_argument("--name", help="the worker's name (default: Dask's)")
+    p.add_argument(
+        "--name",
+        help="the worker's name, unique in the cluster; a worker started later with the same "
+        "name takes over its tasks (default: Dask's, and tasks stay with this process)",
+    )
     p.add_argument("--host", help="the address to listen on (this host's, reachable by all)")
     p.add_argument("--memory-limit", help="e.g. 16GB (default: Dask's, the machine's RAM)")
     for flag, what in (("ca-file", "the CA"), ("cert", "this worker's certificate"),
@@ -57,8 +61,11 @@ def worker_cmd(args: argparse.Namespace) -> int:
     from flows.cluster import ROLLOUT, TRAIN, worker_env
 
     roles = {"rollout": [ROLLOUT], "train": [TRAIN], "both": [ROLLOUT, TRAIN]}[args.role]
+    # a resource named after the worker: the run pins its tasks to that name, not to an
+    # address, so a replacement started with the same name (on any host) takes them over
+    resources = [*roles, args.name] if args.name else roles
     argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.scheduler]
-    argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in roles)]
+    argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in resources)]
     argv += ["--name", args.name] if args.name else []
     for flag in ("host", "memory_limit", "tls_ca_file", "tls_cert", "tls_key"):
         if getattr(args, flag):
