@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from flows.artifacts import publish, reward_curve, timeline
 from flows.cluster import ClusterConfig, Workers, dask_cluster
 from flows.config import load_config
 from flows.executors import DaskExecutor, PrefectExecutor
+from flows.lease import cluster_lease
 from flows.pipeline import Pipeline, PipelineConfig
 from flows.progress import Progress
 from flows.reach import check_reachable
@@ -312,8 +314,9 @@ def export_final(run: Run, how: str = "adapter") -> None:
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     run = prepare(params)
-    with dask_cluster(params.cluster) as workers:
-        if params.cluster.scheduler:  # a cluster this run did not start: hosts may differ
+    with dask_cluster(params.cluster) as workers, ExitStack() as held:
+        if params.cluster.scheduler:  # a cluster this run did not start: shared, other hosts
+            held.enter_context(cluster_lease(workers.address, run.ctx.run_id, str(run.dir)))
             check_workers(run, workers)
         ship_plugins(run, workers)
         results, t0, wall = execute(run, workers, params.executor)
