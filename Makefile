@@ -64,6 +64,7 @@ bench: setup models
 	$(BIN)/python -m bench.longtail --json bench/results/longtail.json
 	$(BIN)/python -m bench.cut --json bench/results/cut.json
 	$(BIN)/python -m bench.word_problems --json bench/results/word_problems.json
+	$(BIN)/python -m bench.multihost --json bench/results/multihost.json  # needs root
 
 clean:
 	rm -rf $(VENV) runs

@@ -35,16 +35,16 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-def fanout_config(cluster: Cluster, steps: int = 2) -> str:
-    """The built-in fanout, unchanged but for its model (on S3) and small sizes, written on
+def fanout_config(cluster: Cluster, steps: int = 2, workload: str = "fanout") -> str:
+    """A built-in workload, unchanged but for its model (on S3) and small sizes, written on
     the driver host; its path there."""
-    data = yaml.safe_load(BUILTIN["fanout"].read_text())
+    data = yaml.safe_load(BUILTIN[workload].read_text())
     for agent in data["agents"].values():
         agent["model"] = MODEL
         agent.setdefault("sampling", {})["max_tokens"] = 8
     data["run"] = {"steps": steps, "episodes_per_step": 2, "micro_batches": 2, "seed": 0}
-    (cluster.driver.root / "fanout.yaml").write_text(yaml.safe_dump(data))
-    return "/tmp/fanout.yaml"
+    (cluster.driver.root / f"{workload}.yaml").write_text(yaml.safe_dump(data))
+    return f"/tmp/{workload}.yaml"
 
 
 def consumed(cluster: Cluster, step: int) -> int:
@@ -67,10 +67,22 @@ def when_step_done(cluster: Cluster, run: Any, step: int, agents: int = 5) -> No
         time.sleep(0.5)
 
 
+def committed(cluster: Cluster, step: int) -> int:
+    """Rollout segments of `step` committed so far, over all agents."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        endpoint_url=cluster.s3, key="testing", secret="testing", skip_instance_cache=True,
+        use_listings_cache=False,
+    )  # fmt: skip
+    return len(fs.glob(f"{BUCKET}/store/*/*/commits/k{step:06d}-*.json"))
+
+
 def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> None:
-    """Three steps of fanout; after step 0 the rollout host is lost and another host joins
-    under its name, after step 1 the same for the training host."""
-    cfg = fanout_config(cluster, steps=3)
+    """Two steps of fanout. Once step 0 is done the rollout host is lost and another host
+    joins under its name; once that one has committed some of step 1, the training host is
+    lost in the middle of step 1, and another joins under its name."""
+    cfg = fanout_config(cluster, steps=2)
     run = cluster.driver.start(
         ["flexmarl", "train", cfg, "--scheduler", cluster.scheduler,
          "--store", f"s3://{BUCKET}/store", "--run-dir", "/tmp/run",
@@ -80,12 +92,16 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
     when_step_done(cluster, run, 0)
     cluster.hosts["roll"].kill()  # every process of the host: SIGKILL
     cluster.start_worker(cluster.hosts["roll2"], "rollout", "roll")
-    when_step_done(cluster, run, 1)
+    deadline = time.monotonic() + 600
+    while committed(cluster, 1) < 3:  # the new rollout host is at work on step 1
+        assert run.poll() is None and time.monotonic() < deadline, cluster.hosts.logs()
+        time.sleep(0.2)
+    assert consumed(cluster, 1) < 5  # step 1 not trained yet: the loss is mid-step
     cluster.hosts["train"].kill()
     cluster.start_worker(cluster.hosts["train2"], "train", "train")
     assert run.wait(timeout=900) == 0, cluster.hosts.logs()
     summary = json.loads((cluster.driver.root / "run" / "summary.json").read_text())
-    assert summary["steps"] == 3 and summary["consistency"]["violations"] == 0
+    assert summary["steps"] == 2 and summary["consistency"]["violations"] == 0
     # the independent audit: every step stepped on exactly its micro-batches, none twice
     assert summary["consistency"]["accounting_errors"] == 0
     assert summary["consistency"]["steps_unverified"] == 0
@@ -107,6 +123,21 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
     assert local.returncode == 0, local.stderr[-4000:]
     one = json.loads((cluster.driver.root / "run-local" / "summary.json").read_text())
     assert trajectory(one) == trajectory(summary)
+
+
+def test_math_chain_runs_the_same_on_one_host_and_on_many(cluster: Cluster) -> None:
+    cfg = fanout_config(cluster, steps=2, workload="math-chain")
+    summaries = []
+    for name, where in (("mc-multi", ["--scheduler", cluster.scheduler]), ("mc-one", [])):
+        out = cluster.flexmarl(
+            "train", cfg, *where, "--store", f"s3://{BUCKET}/{name}", "--run-dir", f"/tmp/{name}",
+            "--summary-json", f"/tmp/{name}/summary.json", "--no-export-final", tls=bool(where),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-4000:]
+        summaries.append(json.loads((cluster.driver.root / name / "summary.json").read_text()))
+    multi, one = summaries
+    assert multi["consistency"]["violations"] == one["consistency"]["violations"] == 0
+    assert trajectory(multi) == trajectory(one)
 
 
 def trajectory(summary: dict[str, Any]) -> list[tuple[Any, ...]]:
