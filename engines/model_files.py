@@ -93,7 +93,8 @@ def fetch(url: str) -> Path:
     try:
         for name, _, _ in files:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(fs.cat_file(f"{root.rstrip('/')}/{name}"))
+            # streamed to disk: a shard of a real model does not fit in memory twice
+            fs.get_file(f"{root.rstrip('/')}/{name}", str(tmp / name))
         try:
             os.rename(tmp, final)
         except OSError:  # another process of this host got there first: use its copy
@@ -113,6 +114,6 @@ def push(local: Path, url: str) -> int:
     fs, root = open_fs(url)
     n = 0
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        fs.pipe_file(f"{root.rstrip('/')}/{path.relative_to(local).as_posix()}", path.read_bytes())
+        fs.put_file(str(path), f"{root.rstrip('/')}/{path.relative_to(local).as_posix()}")
         n += 1
     return n

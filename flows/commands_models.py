@@ -59,7 +59,10 @@ def worker_cmd(args: argparse.Namespace) -> int:
     import sys
 
     from flows.cluster import ROLLOUT, TRAIN, worker_env
+    from flows.run import RunError
 
+    if args.name in (ROLLOUT, TRAIN):
+        raise RunError(f"--name {args.name!r} is a role; name the worker after its host")
     roles = {"rollout": [ROLLOUT], "train": [TRAIN], "both": [ROLLOUT, TRAIN]}[args.role]
     # a resource named after the worker: the run pins its tasks to that name, not to an
     # address, so a replacement started with the same name (on any host) takes them over

@@ -19,6 +19,7 @@ as "someone moved it already".
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ from storage.retry import RETRY_OPTION, Retrier, RetryPolicy, endpoint_of
 
 RETRIED = frozenset(
     {"cat_file", "pipe_file", "exists", "ls", "info", "glob", "find", "makedirs"}
-    | {"rm", "rm_file", "mv", "isdir", "isfile"}
+    | {"rm", "rm_file", "mv", "isdir", "isfile", "get_file", "put_file"}
 )
 _DELETES = frozenset({"rm", "rm_file"})
 
@@ -84,6 +85,16 @@ def fresh_listings(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
     store as it is now."""
     if scheme in OBJECT_STORES:
         options.setdefault("use_listings_cache", False)
+    client = options.get("client_kwargs") or {}
+    env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if (
+        scheme in ("s3", "s3a")
+        and env
+        and not (options.get("endpoint_url") or client.get("endpoint_url"))
+    ):
+        # explicit, so fsspec's cache of filesystems (keyed by arguments, not by the
+        # environment) never hands a client of another endpoint to this one
+        options["endpoint_url"] = env
     return options
 
 

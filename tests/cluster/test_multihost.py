@@ -26,8 +26,8 @@ MODEL = f"s3://{BUCKET}/models/tiny"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    hosts = [("roll", "rollout"), ("train", "train")]
-    with multihost_cluster(hosts, extra=("roll2", "train2", "stranger")) as c:
+    hosts = [("roll", "rollout"), ("trainer", "train")]
+    with multihost_cluster(hosts, extra=("roll2", "trainer2", "stranger")) as c:
         built = c.flexmarl("tiny-model", "/tmp/tiny")
         assert built.returncode == 0, built.stderr[-3000:]
         pushed = c.flexmarl("model", "push", "/tmp/tiny", MODEL)
@@ -97,8 +97,8 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
         assert run.poll() is None and time.monotonic() < deadline, cluster.hosts.logs()
         time.sleep(0.2)
     assert consumed(cluster, 1) < 5  # step 1 not trained yet: the loss is mid-step
-    cluster.hosts["train"].kill()
-    cluster.start_worker(cluster.hosts["train2"], "train", "train")
+    cluster.hosts["trainer"].kill()
+    cluster.start_worker(cluster.hosts["trainer2"], "train", "trainer")
     assert run.wait(timeout=900) == 0, cluster.hosts.logs()
     summary = json.loads((cluster.driver.root / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["consistency"]["violations"] == 0
@@ -107,7 +107,7 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
     assert summary["consistency"]["steps_unverified"] == 0
     assert summary["store_url"] == f"s3://{BUCKET}/store"
     # each worker host fetched the model from S3 into its own cache; none sees the run dir
-    for name in ("roll", "train", "roll2", "train2"):
+    for name in ("roll", "trainer", "roll2", "trainer2"):
         host = cluster.hosts[name]
         cached = list((host.root / "home" / ".cache" / "flexmarl" / "models").glob("tiny-*"))
         assert cached and (cached[0] / "config.json").is_file(), name
@@ -168,7 +168,7 @@ def test_paths_only_the_driver_has_are_named_before_the_run(cluster: Cluster) ->
     (cluster.driver.root / "local.yaml").write_text(text)
     out = cluster.flexmarl("meg", "validate", "/tmp/local.yaml", "--scheduler", cluster.scheduler)
     assert out.returncode == 2, out.stdout + out.stderr
-    for worker in ("roll", "train"):
+    for worker in ("roll", "trainer"):
         assert f"worker {worker} (" in out.stderr and "has no model of agent" in out.stderr
     assert "flexmarl model push" in out.stderr and "Traceback" not in out.stderr
     ok = cluster.flexmarl("meg", "validate", cfg, "--scheduler", cluster.scheduler)

@@ -176,3 +176,9 @@ def test_lora_mistakes_are_found_before_anything_starts(
     err = capsys.readouterr().err
     assert "agents.planner.backend" in err and "backend: hf" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_worker_named_after_a_role_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its name is also its pinning resource: named `train`, it would pin nothing."""
+    assert main(["worker", "tcp://127.0.0.1:9", "--role", "train", "--name", "train"]) == 2
+    assert "--name 'train' is a role" in capsys.readouterr().err
