@@ -135,12 +135,31 @@ def wait_port(host: Host, port: int, timeout: float = 120) -> None:
     raise RuntimeError(f"nothing listens on {host.ip}:{port} ({host.name})\n{host.logs()}")
 
 
+def _free_subnet() -> str:
+    """A 10.x.y/24 that no route of this machine covers (never shadow a real network)."""
+    import ipaddress
+
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    taken = []
+    for line in routes.splitlines():
+        dest = line.split()[0] if line.split() else ""
+        if dest != "default" and "/" in dest:
+            taken.append(ipaddress.ip_network(dest, strict=False))
+    for _ in range(1000):
+        net = ipaddress.ip_network(
+            f"10.{random.randrange(100, 250)}.{random.randrange(1, 250)}.0/24"
+        )
+        if not any(net.overlaps(t) for t in taken):
+            return str(net.network_address).rsplit(".", 1)[0]
+    raise RuntimeError("no free 10.x.y.0/24 for the test hosts")
+
+
 @contextmanager
 def namespace_hosts(names: Sequence[str]) -> Iterator[Hosts]:
     """Hosts `names` on a fresh bridge and /24; everything removed afterwards, also on
     failure (processes killed, namespaces, links and private directories deleted)."""
     tag = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
-    subnet = f"10.{random.randrange(100, 250)}.{random.randrange(1, 250)}"
+    subnet = _free_subnet()
     bridge = f"fxb{tag}"
     base = Path(tempfile.mkdtemp(prefix="flexmarl-hosts-"))
     made: list[Host] = []
