@@ -67,16 +67,19 @@ def counters(host: Host) -> dict[str, tuple[int, int]]:
     return net_dev(host.run(["cat", "/proc/net/dev"]).stdout)
 
 
-def sent_bytes(host: Host, iface: str | None = None) -> int:
-    """Bytes `host` has sent: on its veth (default) or on `iface` (e.g. "lo")."""
-    return sum(
-        tx for name, (_, tx) in counters(host).items()
-        if (iface is None and name.startswith("fxv")) or name == iface
-    )  # fmt: skip
-
-
-def received_bytes(host: Host) -> int:
-    return sum(rx for name, (rx, _) in counters(host).items() if name.startswith("fxv"))
+def traffic(hosts: list[Host]) -> dict[str, dict[str, int]]:
+    """Per host, one read of its counters: `sent` on its veth, `received` on its veth, and
+    `loopback` (bytes sent on `lo`)."""
+    out = {}
+    for h in hosts:
+        dev = counters(h)
+        veth = [v for name, v in dev.items() if name.startswith("fxv")]
+        out[h.name] = {
+            "sent": sum(tx for _, tx in veth),
+            "received": sum(rx for rx, _ in veth),
+            "loopback": dev.get("lo", (0, 0))[1],
+        }
+    return out
 
 
 def config(cluster: Cluster, steps: int, episodes: int) -> str:
@@ -92,10 +95,7 @@ def config(cluster: Cluster, steps: int, episodes: int) -> str:
 def measure(cluster: Cluster, name: str, args: list[str], tls: bool, steps: int) -> dict[str, Any]:
     """One training run from the driver host; its figures and the bytes it moved."""
     hosts = list(cluster.hosts.hosts.values())
-    s3 = cluster.hosts["s3"]
-    before = {h.name: sent_bytes(h) for h in hosts}
-    lo_before = sent_bytes(cluster.driver, "lo")
-    s3_before = sent_bytes(s3) + received_bytes(s3)
+    before = traffic(hosts)
     out = cluster.flexmarl(*args, "--run-dir", f"/tmp/{name}", tls=tls, timeout=3600)
     if out.returncode:
         raise SystemExit(f"{name} failed:\n{out.stderr[-4000:]}")
@@ -110,9 +110,11 @@ def measure(cluster: Cluster, name: str, args: list[str], tls: bool, steps: int)
         busy[t["worker"]] = busy.get(t["worker"], 0.0) + max(
             0.0, min(t["end"], end) - max(t["start"], begin)
         )
-    store = sent_bytes(s3) + received_bytes(s3) - s3_before
-    crossed = sum(sent_bytes(h) - before[h.name] for h in hosts)
-    loopback = sent_bytes(cluster.driver, "lo") - lo_before if not tls else 0
+    after = traffic(hosts)
+    delta = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in after}
+    store = delta["s3"]["sent"] + delta["s3"]["received"]
+    crossed = sum(d["sent"] for d in delta.values())
+    loopback = delta["driver"]["loopback"] if not tls else 0
     measured_steps = max(1, steps - 1)
     return {
         "step_s": round(statistics.median(r["wall_s"] for r in rows), 3),

@@ -75,7 +75,8 @@ OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl
 
 
 def fresh_listings(scheme: str, options: dict[str, Any]) -> dict[str, Any]:
-    """`options` with fsspec's listings cache off for an object store (unless set).
+    """`options` with fsspec's listings cache off for an object store (unless set), and an
+    S3 endpoint taken from the environment made explicit (below).
 
     Why: s3fs answers `info`, `exists` and (for `cat_file`, through `size`) even reads from
     its cache of directory listings. What another host commits after this process listed a

@@ -47,16 +47,21 @@ def fanout_config(cluster: Cluster, steps: int = 2, workload: str = "fanout") ->
     return f"/tmp/{workload}.yaml"
 
 
-def consumed(cluster: Cluster, step: int) -> int:
-    """How many agents have recorded their optimizer step `step` in the store (read from
-    this test's own namespace, over the bridge, as any client of the S3 server would)."""
+def s3_client(cluster: Cluster) -> Any:
+    """A fresh client of the cluster's S3 server (this test's own namespace reaches it over
+    the bridge), listings never cached."""
     import s3fs
 
-    fs = s3fs.S3FileSystem(
+    return s3fs.S3FileSystem(
         endpoint_url=cluster.s3, key="testing", secret="testing", skip_instance_cache=True,
         use_listings_cache=False,
     )  # fmt: skip
-    return len(fs.glob(f"{BUCKET}/store/*/*/consumed/{step}.json"))
+
+
+def consumed(cluster: Cluster, step: int) -> int:
+    """How many agents have recorded their optimizer step `step` in the store (read from
+    this test's own namespace, over the bridge, as any client of the S3 server would)."""
+    return len(s3_client(cluster).glob(f"{BUCKET}/store/*/*/consumed/{step}.json"))
 
 
 def when_step_done(cluster: Cluster, run: Any, step: int, agents: int = 5) -> None:
@@ -69,13 +74,7 @@ def when_step_done(cluster: Cluster, run: Any, step: int, agents: int = 5) -> No
 
 def committed(cluster: Cluster, step: int) -> int:
     """Rollout segments of `step` committed so far, over all agents."""
-    import s3fs
-
-    fs = s3fs.S3FileSystem(
-        endpoint_url=cluster.s3, key="testing", secret="testing", skip_instance_cache=True,
-        use_listings_cache=False,
-    )  # fmt: skip
-    return len(fs.glob(f"{BUCKET}/store/*/*/commits/k{step:06d}-*.json"))
+    return len(s3_client(cluster).glob(f"{BUCKET}/store/*/*/commits/k{step:06d}-*.json"))
 
 
 def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> None:
