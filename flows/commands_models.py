@@ -54,7 +54,8 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
 )
 def worker_cmd(args: argparse.Namespace) -> int:
     """Replaces this process with `dask worker` (one thread: tasks own the cores they use)
-    in the environment every worker of a run needs (flows.cluster.worker_env)."""
+    in the environment every worker of a run needs (flows.cluster.worker_env), its worker
+    processes keeping glibc's malloc defaults as a local cluster's do."""
     import os
     import sys
 
@@ -67,7 +68,8 @@ def worker_cmd(args: argparse.Namespace) -> int:
     # a resource named after the worker: the run pins its tasks to that name, not to an
     # address, so a replacement started with the same name (on any host) takes them over
     resources = [*roles, args.name] if args.name else roles
-    argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.scheduler]
+    # Dask's own `dask worker`, less the nanny's malloc setting (flows/dask_worker.py)
+    argv = [sys.executable, "-m", "flows.dask_worker", args.scheduler]
     argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in resources)]
     argv += ["--name", args.name] if args.name else []
     for flag in ("host", "memory_limit", "tls_ca_file", "tls_cert", "tls_key"):

@@ -1,6 +1,8 @@
 """Two ways to run the same compiled task graph: Prefect tasks, or plain Dask futures.
 
-The compiler (`flows.pipeline`) only calls `submit(kind, kwargs, pin)` and `done/result`.
+The compiler (`flows.pipeline`) only calls `submit(kind, kwargs, pin)`, `done/results`, and
+`idle(seconds)` while it waits for tasks to finish: these two sleep; the cluster simulator's
+executor (`bench.sim`) advances its clock instead, so it replays this very task graph.
 `PrefectExecutor` submits the Prefect task of each kind (every node becomes a task run in the
 UI); `DaskExecutor` submits the same function bodies as plain Dask futures. Both pin placement
 with `dask.annotate(...)` (see `flows.cluster.roles`); both pass dependencies as futures inside
@@ -10,6 +12,7 @@ how the benchmark measures Prefect's orchestration overhead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -31,6 +34,7 @@ class Executor(Protocol):
     def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any: ...
     def done(self, handle: Any) -> bool: ...
     def results(self, handles: list[Any]) -> list[Any]: ...
+    def idle(self, seconds: float) -> None: ...
 
 
 class PrefectExecutor:
@@ -45,6 +49,9 @@ class PrefectExecutor:
 
     def results(self, handles: list[Any]) -> list[Any]:
         return [h.result() for h in handles]
+
+    def idle(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class DaskExecutor:
@@ -65,3 +72,6 @@ class DaskExecutor:
         """One gather for the batch, straight from the workers (not relayed by the
         scheduler, whose single thread also runs the pipeline's dataflow)."""
         return list(self.client.gather(handles, direct=True))
+
+    def idle(self, seconds: float) -> None:
+        time.sleep(seconds)

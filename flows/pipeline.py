@@ -39,6 +39,12 @@ first in the next step trains first), and one ordering edge closes the race that
 cannot:
 
     generate(node, k, j)   after generate(node, k, j-1)   micro-batches flow through in order
+                           (when both run on one worker)
+
+The edge only exists where the race does: when both micro-batches are placed on one worker.
+Across workers (several rollout workers per agent) it would only serialize a node's
+micro-batches: the cluster simulator (bench/sim) found that it made a step of the paper's
+setting wait for 4 long-tail generate times in a row (flex 1.94× slower on a 3-agent chain).
 
 The same race lets a training worker run one other ready micro-batch between an agent's last
 micro-batch and its optimizer step. Chaining the optimizer steps in need order would close it
@@ -50,7 +56,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +188,7 @@ class Pipeline:
         self.failures = FailureBudget(scoring.max_failed_fraction, scoring.min_samples)
         self.samples_per_episode = {n: len(s) for n, s in expand_episode(spec).samples.items()}
         self.gen: dict[tuple[str, int, int], Any] = {}
+        self.gen_worker: dict[tuple[str, int, int], str] = {}  # where each generate runs
         self.score: dict[tuple[int, int, int], Any] = {}
         self.train: dict[tuple[str, int, int], Any] = {}
         self.step: dict[tuple[str, int], Any] = {}
@@ -219,7 +225,12 @@ class Pipeline:
                 est = len(launched[j]) * self.samples_per_episode[node] * spec.node_max_tokens(node)
                 host = self.balancer.place(self.unit[agent], est)
                 parents = tuple(self.gen[(p, k, j)] for p in spec.nodes[node].inputs)
-                previous_mb = (self.gen[(node, k, j - 1)],) if j else ()
+                self.gen_worker[(node, k, j)] = worker = host_worker(host)
+                previous_mb = (
+                    (self.gen[(node, k, j - 1)],)
+                    if j and self.gen_worker[(node, k, j - 1)] == worker
+                    else ()
+                )
                 if self.carries and node == self.root and (node, k - 1, j) in self.gen:
                     previous_mb += (self._resolved(self.gen[(node, k - 1, j)]),)  # resumes it
                 self.gen[(node, k, j)] = self._submit(
@@ -234,7 +245,7 @@ class Pipeline:
                         base_version=self.base_versions.get(agent, 0),
                         after=parents + previous_mb + barrier,
                     ),
-                    self.workers.pin(host_worker(host)),
+                    self.workers.pin(worker),
                     task_priority(k, j * stride + 2 * i),
                     host,
                     est,
@@ -357,7 +368,7 @@ class Pipeline:
             self.poll()
             if predicate():
                 return
-            time.sleep(interval)
+            self.ex.idle(interval)
 
     def wait_window(self, k: int) -> None:
         """Block until at most `window` steps are in flight before step k is submitted.
@@ -382,6 +393,7 @@ class Pipeline:
         for table, at in ((self.gen, 1), (self.score, 0), (self.train, 1), (self.step, 1)):
             for handle in _drop_before(table, at, k):
                 self._refs.pop(id(handle), None)
+        _drop_before(self.gen_worker, 1, k)
 
     def handles_of(self, k: int) -> list[Any]:
         """Every submitted handle of step k (generate, score, train, optimizer step)."""

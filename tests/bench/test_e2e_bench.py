@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,10 +22,33 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
     for arm in r["arms"].values():
         assert arm["step_s"] > 0 and 0 < arm["utilization"] <= 1
         assert arm["violations"] == 0
-    for key in ("speedup_flex_vs_sync", "balance_gain", "async_gain", "prefect_overhead"):
+        assert 0 <= arm["rollout_idle"] < 1 and 0 <= arm["trainer_idle"] < 1
+    for key in ("speedup_flex_vs_sync", "speedup_flex_vs_marti", "balance_gain", "async_gain"):
         assert isinstance(r[key], float)
     for arm in ("sync", "flex"):  # the timelines docs/benchmarks.md shows sit next to the JSON
         assert (tmp_path / f"timeline_math-chain_{arm}.png").stat().st_size > 1000
+    assert r["agents"] == 2
+    marti = json.loads((tmp_path / "e2e_runs/math-chain-marti-like-0.timeline.json").read_text())
+    assert_marti_placement(marti, r["agents"])
+    split = json.loads((tmp_path / "e2e_runs/math-chain-sync-0.timeline.json").read_text())
+    assert len({t["worker"] for t in split}) == 2  # the other arms' cluster: 1 rollout + 1 train
+
+
+def assert_marti_placement(tasks: list[dict[str, Any]], agents: int) -> None:
+    """MARTI's layout: each agent generates and trains on one worker of its own, and the
+    agents' optimizer steps of a step overlap in time (they train concurrently)."""
+    own = {t["agent"]: set() for t in tasks if t["phase"] != "score"}
+    for t in tasks:
+        if t["phase"] != "score":
+            own[t["agent"]].add(t["worker"])
+    assert len(own) == agents and all(len(w) == 1 for w in own.values()), own
+    assert len(set.union(*own.values())) == agents  # one worker per agent
+    trains = [t for t in tasks if t["phase"] == "train" and t["step"] == 1]
+    assert any(
+        a["agent"] != b["agent"] and a["start"] < b["end"] and b["start"] < a["end"]
+        for a in trains
+        for b in trains
+    ), "the agents' training never overlapped"
 
 
 def test_repeats_take_the_median_and_keep_the_worst_verdict() -> None:

@@ -36,11 +36,16 @@ def cluster() -> Iterator[Cluster]:
 
 
 def fanout_config(cluster: Cluster, steps: int = 2, workload: str = "fanout") -> str:
-    """A built-in workload, unchanged but for its model (on S3) and small sizes, written on
-    the driver host; its path there."""
+    """A built-in workload, unchanged but for its model (on S3), small sizes and the
+    transformers rollout backend, written on the driver host; its path there.
+
+    What these tests check is the cluster (no shared files, TLS, S3, losing a host), not the
+    engine: with vLLM, importing it and starting an engine per agent on every new rollout
+    host was most of their time (bench/multihost.py runs the cluster on vLLM)."""
     data = yaml.safe_load(BUILTIN[workload].read_text())
     for agent in data["agents"].values():
         agent["model"] = MODEL
+        agent["backend"] = "hf"
         agent.setdefault("sampling", {})["max_tokens"] = 8
     data["run"] = {"steps": steps, "episodes_per_step": 2, "micro_batches": 2, "seed": 0}
     (cluster.driver.root / f"{workload}.yaml").write_text(yaml.safe_dump(data))

@@ -50,6 +50,9 @@ class Recorder:
     def results(self, handles: list[Any]) -> list[Any]:
         raise AssertionError("nothing runs here")
 
+    def idle(self, seconds: float) -> None:
+        raise AssertionError("nothing runs here: the pipeline would wait forever")
+
 
 def compile_steps(workload: str, mode: str, steps: int = 2, mb: int = 2) -> Pipeline:
     spec = load_meg(BUILTIN[workload], known_rewards=known_rewards(), check_models=False)
@@ -163,3 +166,31 @@ def test_agents_sharing_a_base_are_placed_together() -> None:
     for t in gens:  # every generate runs on a worker that hosts its agent's unit
         assert t.worker in workers_of(pipe.unit[spec.nodes[t.kwargs["node"]].agent]), t.kwargs
     assert {t.worker for t in gens if t.kwargs["node"] != "aggregate"} <= workers_of(shared)
+
+
+@pytest.mark.parametrize("rollers", [("R",), ("R0", "R1", "R2", "R3")])
+def test_a_nodes_micro_batches_are_ordered_where_they_share_a_worker(
+    rollers: tuple[str, ...],
+) -> None:
+    """generate(node, k, 1) waits for generate(node, k, 0) on one worker, where the edge
+    keeps micro-batches from interleaving; on two workers the two run side by side (with
+    balancing off, 4 rollout workers give each of math-chain's 2 agents 2 workers)."""
+    spec = load_meg(BUILTIN["math-chain"], known_rewards=known_rewards(), check_models=False)
+    ctx = RunContext("r", "memory://x", spec, mode="flex")
+    names = (*rollers, "T")
+    workers = Workers("tcp://s", rollers, ("T",), {w: {"resources": {w: 1}} for w in names})
+    rec = Recorder()
+    pipe = Pipeline(ctx, workers, rec, PipelineConfig(2, 4, 2, balance=False), {})
+    for k in range(2):
+        pipe.submit_rollout(k)
+    gens = {
+        (t.kwargs["node"], t.kwargs["step"], t.kwargs["mb"]): t
+        for t in rec.tasks
+        if t.kind == "generate"
+    }
+    for node in pipe.order:
+        for k in range(2):
+            first, second = gens[(node, k, 0)], gens[(node, k, 1)]
+            apart = first.worker != second.worker
+            assert apart == (len(rollers) > 1), (node, first.worker, second.worker)
+            assert (id(first) in second.after) != apart

@@ -48,6 +48,10 @@ class Steps:
             for h in handles
         ]
 
+    def idle(self, seconds: float) -> None:
+        """Nothing else will finish: a wait that got here would never end."""
+        raise AssertionError(f"the pipeline waits for a task of step >= {self.through}")
+
 
 def inputs(t: Task) -> list[Any]:
     """What a task waits on besides its own step's tasks: weights, `after`, `trains`."""

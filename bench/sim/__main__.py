@@ -1,0 +1,3 @@
+from bench.sim.cli import main
+
+main()

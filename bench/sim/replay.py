@@ -1,0 +1,134 @@
+"""One simulated run: the real `Pipeline` over a `SimExecutor`, and its step-time metrics.
+
+The loop is `flows.train.run_pipeline`'s (wait for the window, submit a step's rollout and
+training, finish), without its live progress display and Prefect artifact, which need a
+Prefect API. `step_s` has `bench.e2e.steady_state`'s definition: the median interval between
+the completions of consecutive steps, over steps ≥ 1 (step 0 of a real run loads models).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.sim.bodies import SimBodies
+from bench.sim.costs import Costs
+from bench.sim.executor import SimExecutor, SimTask
+from bench.sim.lengths import Lengths
+from flows.cluster import Workers
+from flows.pipeline import Pipeline, PipelineConfig
+from flows.report import per_step, timings
+from meg import MEGSpec
+from tasks.context import RunContext, Timing
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Workers by role and the accelerators of each (a colocated worker is in both roles)."""
+
+    rollout: tuple[str, ...]
+    train: tuple[str, ...]
+    accel: Mapping[str, int]
+    train_slots: int = 2
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.rollout, *self.train)))
+
+    @property
+    def total_accel(self) -> int:
+        return sum(self.accel[w] for w in self.workers)
+
+    def pins(self) -> Workers:
+        """The `Workers` the pipeline pins with (as a local cluster's: by own resource)."""
+        return Workers(
+            "sim://", self.rollout, self.train, {w: {"resources": {w: 1.0}} for w in self.workers}
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """How one arm runs the graph: mode, η, balancing."""
+
+    mode: str
+    staleness: int = 0
+    balance: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SimRun:
+    step_s: float  # median completion interval, steps ≥ 1 (bench.e2e's definition)
+    mean_step_s: float  # (end of the last step − end of step 0) / (steps − 1)
+    utilization: float  # busy accelerator-seconds / (accelerators × window), steps ≥ 1
+    wall_s: float
+    timings: tuple[Timing, ...]
+    per_step: tuple[dict[str, Any], ...]
+    counts: dict[str, int] = field(default_factory=dict)  # swaps, loads, role switches, tasks
+
+
+def steady_state(
+    ts: list[Timing], rows: list[dict[str, Any]], accel: Mapping[str, int]
+) -> tuple[float, float]:
+    """(step_s, utilization) over steps ≥ 1: the window from the end of step 0 to the end of
+    the run, each task clipped to it and weighted by its worker's accelerators."""
+    later = [r["wall_s"] for r in rows if r["step"] >= 1] or [r["wall_s"] for r in rows]
+    begin = max((t.end for t in ts if t.phase == "step" and t.step == 0), default=0.0)
+    end = max(t.end for t in ts)
+    busy = sum(max(0.0, min(t.end, end) - max(t.start, begin)) * accel[t.worker] for t in ts)
+    total = (end - begin) * sum(accel.values())
+    return statistics.median(later), busy / total if total > 0 else 0.0
+
+
+def simulate(
+    spec: MEGSpec,
+    arm: Arm,
+    layout: Layout,
+    costs: Costs,
+    lengths: Mapping[str, Lengths],
+    prompt_tokens: Mapping[str, float],
+    steps: int,
+    episodes: int,
+    micro_batches: int,
+    window: int = 2,
+    seed: int = 0,
+    keep_edge: Callable[[SimTask, SimTask], bool] | None = None,
+) -> SimRun:
+    """Run the pipeline's graph for `steps` steps on simulated workers (`keep_edge`: a
+    what-if filter on its edges, see `SimExecutor`)."""
+    ctx = RunContext(
+        run_id=f"sim-{spec.name}-{arm.mode}",
+        store_url="memory://sim",
+        spec=spec,
+        mode=arm.mode,
+        staleness=arm.staleness if arm.mode == "async" else 0,
+        seed=seed,
+        train_slots=layout.train_slots,
+        steps=steps,
+    )
+    bodies = SimBodies(
+        spec, costs, lengths, prompt_tokens, layout.accel, layout.train_slots, seed, ctx.run_id
+    )
+    ex = SimExecutor(bodies, layout.workers, costs.dispatch_s, costs.cores, keep_edge)
+    cfg = PipelineConfig(steps, episodes, micro_batches, window, 0, arm.balance)
+    pipe = Pipeline(ctx, layout.pins(), ex, cfg, {})
+    for k in range(steps):
+        pipe.wait_window(k)
+        pipe.submit_rollout(k)
+        pipe.submit_training(k)
+    results = pipe.finish()
+    ts = timings(results)
+    rows = per_step(results, 0.0)
+    step_s, util = steady_state(ts, rows, layout.accel)
+    counts = {
+        "tasks": len(ts),
+        "swaps": bodies.swaps,
+        "loads": bodies.loads,
+        "switches": bodies.switches,
+        "rebalances": int(getattr(pipe.balancer, "changes", 0)),
+    }
+    ends = [t.end for t in ts if t.phase == "step"]
+    first = max(t.end for t in ts if t.phase == "step" and t.step == 0)
+    mean = (max(ends) - first) / (steps - 1) if steps > 1 else max(ends)
+    return SimRun(step_s, mean, util, max(t.end for t in ts), tuple(ts), tuple(rows), counts)

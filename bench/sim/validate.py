@@ -1,0 +1,129 @@
+"""Validation: the simulator against `bench/e2e.py`'s measured arms on this machine.
+
+Each measured arm is replayed with the same MEG (the e2e copy of the built-in workload),
+steps, episodes, micro-batches, mode, balancing and worker layout — one rollout and one
+training worker with 2 training slots (`ClusterConfig()`), or for `marti-like` one
+colocated worker per agent — on the `cpu-here` profile, and its predicted `step_s` (the
+same definition as `bench.e2e.steady_state`) is compared with the measured one.
+
+Arms whose difference is Prefect's per-node task runs (`*-prefect-per-node`) are not
+replayed: the simulator models Dask's dispatch, not Prefect's task-run bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.sim.calibration import EMPIRICAL_LENGTHS, EMPIRICAL_PROMPTS
+from bench.sim.costs import Costs, profile
+from bench.sim.lengths import Quantiles
+from bench.sim.replay import Arm, Layout, simulate
+from meg import MEGSpec
+
+ROLLOUT, TRAIN = "rollout-0", "train-0"
+
+
+def one_each(n_agents: int) -> Layout:
+    """`ClusterConfig()`: one rollout worker, one training worker, 2 training slots."""
+    return Layout((ROLLOUT,), (TRAIN,), {ROLLOUT: 1, TRAIN: 1}, 2)
+
+
+def per_agent(n_agents: int) -> Layout:
+    """`bench.e2e.per_agent_cluster`: one colocated worker per agent (names sort like the
+    real ones: worker-0 … worker-N-1)."""
+    ws = tuple(f"worker-{i}" for i in range(n_agents))
+    return Layout(ws, ws, dict.fromkeys(ws, 1), 2)
+
+
+@dataclass(frozen=True, slots=True)
+class E2EArm:
+    arm: Arm
+    layout: Callable[[int], Layout]
+
+
+E2E_ARMS: dict[str, E2EArm] = {
+    "sync": E2EArm(Arm("sync"), one_each),
+    "flex": E2EArm(Arm("flex"), one_each),
+    "flex-nobalance": E2EArm(Arm("flex", balance=False), one_each),
+    "async-1": E2EArm(Arm("async", 1), one_each),
+    "flex-dask": E2EArm(Arm("flex"), one_each),
+    "marti-like": E2EArm(Arm("sync", balance=False), per_agent),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    steps: int
+    episodes: int
+    micro_batches: int = 2  # bench.e2e.config_copy
+
+
+def e2e_specs(e2e_json: Path, workloads: tuple[str, ...] = ()) -> tuple[dict[str, MEGSpec], Sizes]:
+    """The MEGs `bench/e2e.py` ran (its `config_copy`), and its sizes, from its JSON."""
+    from bench.e2e import config_copy
+    from flows.config import load_config
+
+    res = json.loads(e2e_json.read_text())
+    sizes = Sizes(int(res["steps"]), int(res["episodes_per_step"]))
+    names = workloads or tuple(res["workloads"])
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = {
+            wl: load_config(
+                str(config_copy(wl, "models/tiny-math", Path(tmp), sizes.steps, sizes.episodes)),
+                check_models=False,
+            )
+            for wl in names
+        }
+    return specs, sizes
+
+
+def agents_of(spec: MEGSpec) -> int:
+    return len({n.agent for n in spec.nodes.values()})
+
+
+def predict(spec: MEGSpec, arm: str, sizes: Sizes, costs: Costs) -> float:
+    """Predicted step_s of one e2e arm."""
+    e = E2E_ARMS[arm]
+    lengths = {n: Quantiles(q) for n, q in EMPIRICAL_LENGTHS[spec.name].items()}
+    run = simulate(
+        spec,
+        e.arm,
+        e.layout(agents_of(spec)),
+        costs,
+        lengths,
+        EMPIRICAL_PROMPTS[spec.name],
+        sizes.steps,
+        sizes.episodes,
+        sizes.micro_batches,
+    )
+    return run.step_s
+
+
+def validate(e2e_json: Path, costs: Costs | None = None) -> dict[str, dict[str, Any]]:
+    """Per `workload/arm`: measured step_s (median over repeats, and each repeat), the
+    predicted one, the relative error, and whether the prediction lies within the spread
+    of the repeats (on a shared machine that spread can exceed the error)."""
+    costs = costs or profile("cpu-here")
+    res = json.loads(e2e_json.read_text())
+    specs, sizes = e2e_specs(e2e_json)
+    out: dict[str, dict[str, Any]] = {}
+    for wl, spec in specs.items():
+        for arm, m in res["workloads"][wl]["arms"].items():
+            if arm not in E2E_ARMS:
+                continue
+            predicted = predict(spec, arm, sizes, costs)
+            measured = float(m["step_s"])
+            repeats = [float(x) for x in m.get("step_s_repeats", [measured])]
+            out[f"{wl}/{arm}"] = {
+                "measured_s": measured,
+                "measured_repeats": repeats,
+                "predicted_s": round(predicted, 3),
+                "error": round((predicted - measured) / measured, 4),
+                "within_repeats": min(repeats) <= predicted <= max(repeats),
+            }
+    return out

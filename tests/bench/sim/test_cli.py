@@ -1,0 +1,40 @@
+"""`python -m bench.sim --small` end to end: the JSON the issue asks for, and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.sim.cli import main
+from bench.sim.paper import KEYS
+
+
+def test_sim_cli_small_writes_the_json_and_plots(tmp_path: Path) -> None:
+    e2e = tmp_path / "e2e.json"  # a measured run, as bench/e2e.py writes it (tiny sizes)
+    arms = {
+        "sync": {"step_s": 2.0},
+        "flex": {"step_s": 1.5},
+        "flex-prefect-per-node": {"step_s": 4.0},
+    }
+    e2e.write_text(
+        json.dumps(
+            {"steps": 2, "episodes_per_step": 2, "workloads": {"math-chain": {"arms": arms}}}
+        )
+    )
+    out = tmp_path / "sim.json"
+    res = main(["--small", "--json", str(out), "--e2e", str(e2e)])
+    assert json.loads(out.read_text()) == res
+    assert {"date", "machine"} <= set(res)
+    assert set(res["calibration_error"]) == {"math-chain/sync", "math-chain/flex"}  # no Prefect arm
+    for err in res["calibration_error"].values():
+        assert isinstance(err, float)
+    (row,) = res["scenarios"].values()
+    for key in (*KEYS.values(), "speedup_vs_sync", "speedup_vs_marti"):
+        assert row[key] > 0
+    assert set(row["utilization"]) == set(KEYS)
+    assert all(0 < u <= 1 for u in row["utilization"].values())
+    assert row["speedup_vs_sync"] == pytest.approx(row["sync_s"] / row["flex_s"], rel=0.01)
+    for name in ("sim_scaling_agents.png", "sim_scaling_accelerators.png"):
+        assert (tmp_path / name).stat().st_size > 1000

@@ -1,0 +1,40 @@
+"""A tiny run of the TRL peer benchmark keeps it working (keys and sanity, never timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.peer_trl import Job, main, parse_sizes, trl_rows
+
+pytestmark = pytest.mark.slow
+
+
+def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
+    out = tmp_path / "peer.json"
+    # without `--before`: its extra arm (the cluster with Dask's malloc setting) cost ~35 s
+    res = main(["--small", "--no-trl-vllm", "--json", str(out)])
+    assert json.loads(out.read_text()) == res
+    (label,) = res["sizes"]
+    assert res["largest"] == label and res["trl_over_ours"] == res["sizes"][label]["trl_over_ours"]
+    s = res["sizes"][label]
+    steps = s["job"]["steps"]
+    assert "ours-dask-malloc" not in s and "before_over_after" not in s
+    for arm in (s["ours"], s["trl-transformers"]):
+        assert arm["steps"] == steps and arm["step_s"] > 0
+        assert len(arm["reward_curve"]) == steps and all(0 <= r <= 1 for r in arm["reward_curve"])
+        assert all(0 < n <= s["job"]["max_tokens"] for n in arm["completion_tokens"])
+    assert s["ours"]["violations"] == 0
+    assert s["ours_step_s"] > 0 and s["trl_step_s"] > 0 and s["trl_over_ours"] > 0
+    assert s["trl_errors"] == {}
+
+
+def test_trl_gets_our_prompts_in_our_order() -> None:
+    """Step k of TRL's unshuffled dataset is exactly the prompts our step k rolls out."""
+    job = parse_sizes("3x2x4", steps=2)[0]
+    assert job == Job(3, 2, 4, 2)
+    rows = trl_rows(job)
+    assert len(rows) == 6 and rows[0]["prompt"] == f"Q: {rows[0]['question']}=\nA:"
+    assert trl_rows(job) == rows  # a pure function of the job

@@ -1,0 +1,36 @@
+"""What a local cluster's worker processes inherit (flows.cluster.dask_cluster)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from distributed import Client
+from distributed.nanny import _get_env_variables
+
+from flows.cluster import keep_malloc_defaults
+
+pytestmark = pytest.mark.slow
+
+
+def _malloc_env() -> dict[str, str | None]:
+    return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS")}
+
+
+def test_workers_keep_glibc_malloc_defaults(cluster: str) -> None:
+    """No worker gets Dask's MALLOC_TRIM_THRESHOLD_ (it halves torch's CPU speed there);
+    the driver's own setting, if any, is what they inherit."""
+    with Client(cluster) as client:
+        seen = client.run(_malloc_env)
+    assert len(seen) == 2
+    for env in seen.values():
+        assert env["MALLOC_TRIM_THRESHOLD_"] == os.environ.get("MALLOC_TRIM_THRESHOLD_")
+        assert env["OMP_NUM_THREADS"] is not None  # the per-worker share of the cores stays
+
+
+def test_only_the_malloc_setting_leaves_the_nanny_environment() -> None:
+    before = _get_env_variables("distributed.nanny.pre-spawn-environ")
+    keep_malloc_defaults()
+    after = _get_env_variables("distributed.nanny.pre-spawn-environ")
+    assert "MALLOC_TRIM_THRESHOLD_" not in after
+    assert after == {k: v for k, v in before.items() if k != "MALLOC_TRIM_THRESHOLD_"}
