@@ -45,6 +45,9 @@ from zarr.storage import WrapperStore
 from storage.errors import StoreError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
+# backoff jitter from a generator of its own: drawing from the global `random` would change
+# the random state of the program that uses the store (its sampling, its tests)
+_JITTER = random.Random()
 T = TypeVar("T")
 
 RETRY_OPTION = "store_retry"  # the storage_options key holding a RetryPolicy's fields
@@ -191,7 +194,7 @@ class Retrier:
                 self.endpoint,
                 attempt + 1,
             ) from e
-        delay = self.policy.delay(attempt) * random.uniform(0.5, 1.0)
+        delay = self.policy.delay(attempt) * _JITTER.uniform(0.5, 1.0)
         self.stats.retries += 1
         log.warning(
             "%s: %s of %s failed (%s: %s); retry %d/%d in %.2f s",

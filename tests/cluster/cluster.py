@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from tests.cluster.hosts import Host, Hosts, namespace_hosts, wait_port
 from tests.cluster.tls import TlsFiles, make_tls
 
 SCHEDULER_PORT, S3_PORT = 8786, 5000
+# one Prefect server for every `flexmarl` command of the driver, on the driver's loopback (the
+# API reachable by the driver only); without it each command started a temporary server
+PREFECT_API = "http://127.0.0.1:4200/api"
 INSIDE_TLS = TlsFiles(Path("/tmp/tls/ca.pem"), Path("/tmp/tls/cert.pem"), Path("/tmp/tls/key.pem"))
 BUCKET = "flexmarl"
 
@@ -41,6 +45,10 @@ class Cluster:
             "AWS_DEFAULT_REGION": "us-east-1",
             **(INSIDE_TLS.dask_env() if tls else {}),
         }
+
+    def driver_env(self, tls: bool = True) -> dict[str, str]:
+        """`env(tls)` plus the driver's Prefect API."""
+        return {**self.env(tls), "PREFECT_API_URL": PREFECT_API}
 
     def start_worker(self, host: Host, role: str, name: str, tls: bool = True) -> None:
         cmd = ["flexmarl", "worker", self.scheduler, "--role", role, "--name", name]
@@ -75,7 +83,21 @@ class Cluster:
     def flexmarl(self, *args: str, timeout: float = 900, tls: bool = True) -> Any:
         """`flexmarl ARGS` on the driver host (`tls=False`: without the cluster's TLS
         settings, e.g. for a run on a local cluster of the driver's own)."""
-        return self.driver.run(["flexmarl", *args], env=self.env(tls), timeout=timeout)
+        return self.driver.run(["flexmarl", *args], env=self.driver_env(tls), timeout=timeout)
+
+
+def start_prefect(driver: Host, timeout: float = 180) -> None:
+    """`prefect server start` on the driver's loopback, waited for until it answers."""
+    env = {"PREFECT_HOME": "/tmp/prefect", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    port = PREFECT_API.rsplit(":", 1)[1].split("/")[0]
+    driver.start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", port],
+                 env=env, log="prefect")  # fmt: skip
+    probe = f"import urllib.request; urllib.request.urlopen('{PREFECT_API}/health', timeout=2)"
+    deadline = time.monotonic() + timeout
+    while driver.run(["python", "-c", probe], timeout=30).returncode != 0:
+        if time.monotonic() > deadline or driver.procs[-1][0].poll() is not None:
+            raise RuntimeError(f"the driver's Prefect server did not start\n{driver.logs()}")
+        time.sleep(1)
 
 
 @contextmanager
@@ -96,6 +118,7 @@ def multihost_cluster(
             log="scheduler",
         )  # fmt: skip
         s3.start(["python", "-m", "moto.server", "-H", s3.ip, "-p", str(S3_PORT)], log="moto")
+        start_prefect(hosts["driver"])
         wait_port(sched, SCHEDULER_PORT)
         wait_port(s3, S3_PORT)
         cluster = Cluster(hosts, f"tls://{sched.ip}:{SCHEDULER_PORT}", f"http://{s3.ip}:{S3_PORT}")

@@ -35,12 +35,21 @@ def cluster(prefect_server: str) -> Iterator[str]:
         yield workers.address
 
 
-def write_config(tmp: Path, model: str, workload: str = "math-chain", **run: Any) -> Path:
+def write_config(
+    tmp: Path, model: str, workload: str = "math-chain", *, backend: str | None = None, **run: Any
+) -> Path:
     """A copy of a built-in workload with every agent on `model` and small run sizes (and,
-    for math-chain, 4 solver samples: the row counts below are counted by hand for it)."""
+    for math-chain, 4 solver samples: the row counts below are counted by hand for it).
+
+    `backend="hf"` for the fault and resume tests that start clusters of their own: what they
+    test is the orchestrator and the store, and importing vLLM plus an engine per agent in
+    every fresh worker was a third of each such run (the session cluster's tests, the
+    engine tests and the benchmarks keep vLLM covered)."""
     data = yaml.safe_load(BUILTIN[workload].read_text())
     for agent in data["agents"].values():
         agent["model"] = model
+        if backend is not None:
+            agent["backend"] = backend
     if workload == "math-chain":
         data["nodes"]["solve"]["n"] = 4
     data["run"] = {"steps": 3, "episodes_per_step": 4, "micro_batches": 2, **run}

@@ -59,9 +59,11 @@ def _train_while(killer: Callable[[], None], cfg: Path, run_dir: Path, scheduler
 
 
 def test_sigkill_then_resume_finishes_without_duplicates(
-    tmp_path: Path, tiny_model: str, prefect_server: str
+    tmp_path: Path, tiny_model: str, prefect_server: str, cluster: str
 ) -> None:
-    cfg = write_config(tmp_path, tiny_model, steps=4, episodes_per_step=4, micro_batches=2)
+    cfg = write_config(
+        tmp_path, tiny_model, backend="hf", steps=4, episodes_per_step=4, micro_batches=2
+    )
     run_dir = tmp_path / "run"
 
     def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
@@ -77,7 +79,9 @@ def test_sigkill_then_resume_finishes_without_duplicates(
     )
     assert not (run_dir / "summary.json").exists()
 
-    out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig(), export_final=False))
+    # the resume joins the session's cluster (a fresh one would only cost its start-up)
+    where = ClusterConfig(scheduler=cluster)
+    out = train(TrainParams(resume=str(run_dir), cluster=where, export_final=False))
     assert out["resumed_segments"] > 0
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     for agent in ("solver", "verifier"):
@@ -93,7 +97,9 @@ def test_sigkill_then_resume_finishes_without_duplicates(
 def test_rollout_worker_killed_mid_step_is_retried(
     tmp_path: Path, tiny_model: str, prefect_server: str
 ) -> None:
-    cfg = write_config(tmp_path, tiny_model, steps=3, episodes_per_step=4, micro_batches=2)
+    cfg = write_config(
+        tmp_path, tiny_model, backend="hf", steps=3, episodes_per_step=4, micro_batches=2
+    )
     run_dir = tmp_path / "run"
     with dask_cluster(ClusterConfig()) as workers:
         from distributed import Client
@@ -219,7 +225,9 @@ def test_training_worker_killed_between_micro_batches_costs_no_correctness(
     all: the nanny restarts the worker, the rerun train tasks rebuild the trainer from its
     checkpoint and re-accumulate the lost micro-batches from the store, and the audit proves
     every step trained on exactly its rows, once (no partial, no double-counted batch)."""
-    cfg = write_config(tmp_path, tiny_model, steps=4, episodes_per_step=6, micro_batches=3)
+    cfg = write_config(
+        tmp_path, tiny_model, backend="hf", steps=4, episodes_per_step=6, micro_batches=3
+    )
     run_dir = tmp_path / "run"
     with dask_cluster(ClusterConfig()) as workers:
         from distributed import Client

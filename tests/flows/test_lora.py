@@ -32,8 +32,10 @@ CASES = {  # workload → the agents that are adapters on the shared base
 }
 
 
-def lora_config(tmp: Path, model: str, workload: str, **run: Any) -> Path:
-    cfg = write_config(tmp, model, workload, **run)
+def lora_config(
+    tmp: Path, model: str, workload: str, *, backend: str | None = None, **run: Any
+) -> Path:
+    cfg = write_config(tmp, model, workload, backend=backend, **run)
     data = yaml.safe_load(cfg.read_text())
     for agent in CASES[workload]:
         data["agents"][agent]["lora"] = LORA
@@ -113,24 +115,29 @@ def test_adapters_on_one_base_train_end_to_end(
 
 
 def test_killed_lora_run_resumes_its_adapters(
-    tmp_path: Path, tiny_model: str, prefect_server: str
+    tmp_path: Path, tiny_model: str, prefect_server: str, cluster: str
 ) -> None:
     """SIGKILL of a whole run with adapter agents mid-step; `--resume` continues from the
     adapter checkpoints: each agent's versions go on from where they stopped, no step is
     trained twice, and the audit is clean."""
-    cfg = lora_config(tmp_path, tiny_model, "debate", steps=4, episodes_per_step=4)
+    cfg = lora_config(tmp_path, tiny_model, "debate", backend="hf", steps=4, episodes_per_step=4)
     run_dir = tmp_path / "run"
 
-    def mid_step() -> bool:  # alice stepped twice, step 2 under way
+    def mid_step() -> bool:  # alice stepped twice, step 2's rollout committed in part
         tables = sorted((run_dir / "store").glob("*/alice"))
-        return bool(tables) and (tables[0] / "consumed" / "1.json").exists()
+        return (
+            bool(tables)
+            and (tables[0] / "consumed" / "1.json").exists()
+            and any((tables[0] / "commits").glob("k000002-*"))
+        )
 
     kill_cli_train_when(
         mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "alice's second step"
     )
     ckpts = sorted((p for p in run_dir.glob("store/*/_checkpoints/alice/v*")), key=str)
     assert ckpts and all(is_adapter_dir(c) for c in ckpts if (c / "meta.json").exists())
-    out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig()))
+    # resumed on the session's cluster: which cluster a resume runs on is not what this tests
+    out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig(scheduler=cluster)))
     assert out["resumed_segments"] > 0 and out["consistency"]["violations"] == 0
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     audit = audit_consistency(store)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from flows.cli import main
 from flows.cluster import ClusterConfig
@@ -38,9 +39,16 @@ def train_two_steps(meg: Path, run_dir: Path, scheduler: str) -> dict:
     )
 
 
-def starter(tmp_path: Path, name: str, tiny_model: str) -> Path:
+def starter(tmp_path: Path, name: str, tiny_model: str, backend: str | None = None) -> Path:
+    """`flexmarl init NAME` on the tiny model, its solver reward a marker; `backend`: every
+    agent's rollout backend instead of the starter's own."""
     assert main(["init", str(tmp_path / name), "--model", tiny_model]) == 0
     meg = tmp_path / name / f"{name}.yaml"
+    if backend is not None:
+        data = yaml.safe_load(meg.read_text())
+        for agent in data["agents"].values():
+            agent["backend"] = backend
+        meg.write_text(yaml.safe_dump(data))
     rewards = tmp_path / name / f"{name}_rewards.py"
     rewards.write_text(  # the solver's reward: a marker value, so the test can see who scored
         rewards.read_text().replace(
@@ -154,7 +162,8 @@ def test_starter_workload_trains_where_workers_cannot_see_the_driver_directory(
 ) -> None:
     from distributed import Client
 
-    meg = starter(tmp_path, "theirs", tiny_model)
+    # transformers rollout: what this tests is where the plugin is found, not the engine
+    meg = starter(tmp_path, "theirs", tiny_model, backend="hf")
     with Client(foreign_cluster) as client:
         client.wait_for_workers(2, timeout=120)
 

@@ -37,10 +37,14 @@ def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(model)
 
 
-def policy_config(tmp: Path, model: str, workload: str, **run: Any) -> Path:
+def policy_config(
+    tmp: Path, model: str, workload: str, *, backend: str | None = None, **run: Any
+) -> Path:
     """`workload` on `model`, 4 steps × 4 episodes in 2 micro-batches, six tasks (prompts
     recur, so selection has a history), with the given `run:` entries."""
-    cfg = write_config(tmp, model, workload, steps=4, episodes_per_step=4, micro_batches=2)
+    cfg = write_config(
+        tmp, model, workload, backend=backend, steps=4, episodes_per_step=4, micro_batches=2
+    )
     data = yaml.safe_load(cfg.read_text())
     data["dataset"]["train_size"] = 6
     data["run"] |= run
@@ -145,13 +149,18 @@ def test_greso_skips_prompts_that_taught_nothing(
 
 
 def test_april_run_killed_with_partial_samples_resumes_and_continues_them(
-    tmp_path: Path, longtail_model: str, prefect_server: str
+    tmp_path: Path, longtail_model: str, prefect_server: str, cluster: str
 ) -> None:
     """SIGKILL of the whole run while the store holds partial samples that the next step has
     not continued yet; `--resume` continues them (not lost, not restarted), and the audit is
     clean with no duplicate rows."""
     cfg = policy_config(
-        tmp_path, longtail_model, "longtail", rollout=APRIL, select={"policy": "greso"}
+        tmp_path,
+        longtail_model,
+        "longtail",
+        backend="hf",
+        rollout=APRIL,
+        select={"policy": "greso"},
     )
     run_dir = tmp_path / "run"
     pending: list[tuple[int, int, list[str]]] = []
@@ -187,7 +196,9 @@ def test_april_run_killed_with_partial_samples_resumes_and_continues_them(
         "a partial sample committed and not yet continued",
     )
     assert not (run_dir / "summary.json").exists()
-    out = train(TrainParams(resume=str(run_dir), cluster=ClusterConfig(), export_final=False))
+    # the resume joins the session's cluster (a fresh one would only cost its start-up)
+    where = ClusterConfig(scheduler=cluster)
+    out = train(TrainParams(resume=str(run_dir), cluster=where, export_final=False))
     assert out["steps"] == 4 and out["consistency"]["violations"] == 0
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     audit = audit_consistency(store)

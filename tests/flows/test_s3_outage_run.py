@@ -51,7 +51,7 @@ def test_a_run_rides_out_its_s3_server_stopping(
 ) -> None:
     pid, endpoint = s3
     bucket = new_bucket(endpoint)
-    cfg = write_config(tmp_path, tiny_model, steps=4)
+    cfg = write_config(tmp_path, tiny_model, backend="hf", steps=4)
     outage: dict[str, bool] = {}
 
     def stop_mid_run() -> None:

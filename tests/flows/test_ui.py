@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.cli import main
 
@@ -104,6 +105,11 @@ def test_ui_on_any_port_renders_a_run_and_stops_with_sigterm(
         wait_up(f"{base}/api/health", ui)
         assert f'"api_url":"{base}/api"' in get(f"{base}/ui-settings")  # follows the port
         assert main(["init", str(tmp_path / "uiwork"), "--model", tiny_model]) == 0
+        meg = tmp_path / "uiwork" / "uiwork.yaml"  # transformers rollout: the UI is tested here
+        data = yaml.safe_load(meg.read_text())
+        for agent in data["agents"].values():
+            agent["backend"] = "hf"
+        meg.write_text(yaml.safe_dump(data))
         run = subprocess.run(
             [
                 sys.executable,
