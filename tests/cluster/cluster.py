@@ -21,7 +21,8 @@ from tests.cluster.tls import TlsFiles, make_tls
 SCHEDULER_PORT, S3_PORT = 8786, 5000
 # one Prefect server for every `flexmarl` command of the driver, on the driver's loopback (the
 # API reachable by the driver only); without it each command started a temporary server
-PREFECT_API = "http://127.0.0.1:4200/api"
+PREFECT_PORT = 4200
+PREFECT_API = f"http://127.0.0.1:{PREFECT_PORT}/api"
 INSIDE_TLS = TlsFiles(Path("/tmp/tls/ca.pem"), Path("/tmp/tls/cert.pem"), Path("/tmp/tls/key.pem"))
 BUCKET = "flexmarl"
 
@@ -89,8 +90,7 @@ class Cluster:
 def start_prefect(driver: Host, timeout: float = 180) -> None:
     """`prefect server start` on the driver's loopback, waited for until it answers."""
     env = {"PREFECT_HOME": "/tmp/prefect", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    port = PREFECT_API.rsplit(":", 1)[1].split("/")[0]
-    driver.start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", port],
+    driver.start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(PREFECT_PORT)],
                  env=env, log="prefect")  # fmt: skip
     probe = f"import urllib.request; urllib.request.urlopen('{PREFECT_API}/health', timeout=2)"
     deadline = time.monotonic() + timeout

@@ -59,6 +59,14 @@ def write_config(
     return path
 
 
+def use_backend(meg: Path, backend: str) -> None:
+    """Rewrite the MEG file `meg` with every agent on rollout backend `backend`."""
+    data = yaml.safe_load(meg.read_text())
+    for agent in data["agents"].values():
+        agent["backend"] = backend
+    meg.write_text(yaml.safe_dump(data))
+
+
 def kill_cli_train_when(
     predicate: Callable[[], bool], cfg: Path, run_dir: Path, api: str, log: Path, what: str
 ) -> None:

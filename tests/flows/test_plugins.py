@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from flows.cli import main
 from flows.cluster import ClusterConfig
 from flows.train import TrainParams, train
 from storage.store import MEGStore
+from tests.flows.conftest import use_backend
 
 pytestmark = pytest.mark.slow
 
@@ -45,10 +45,7 @@ def starter(tmp_path: Path, name: str, tiny_model: str, backend: str | None = No
     assert main(["init", str(tmp_path / name), "--model", tiny_model]) == 0
     meg = tmp_path / name / f"{name}.yaml"
     if backend is not None:
-        data = yaml.safe_load(meg.read_text())
-        for agent in data["agents"].values():
-            agent["backend"] = backend
-        meg.write_text(yaml.safe_dump(data))
+        use_backend(meg, backend)
     rewards = tmp_path / name / f"{name}_rewards.py"
     rewards.write_text(  # the solver's reward: a marker value, so the test can see who scored
         rewards.read_text().replace(

@@ -15,9 +15,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flows.cli import main
+from tests.flows.conftest import use_backend
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -105,11 +105,7 @@ def test_ui_on_any_port_renders_a_run_and_stops_with_sigterm(
         wait_up(f"{base}/api/health", ui)
         assert f'"api_url":"{base}/api"' in get(f"{base}/ui-settings")  # follows the port
         assert main(["init", str(tmp_path / "uiwork"), "--model", tiny_model]) == 0
-        meg = tmp_path / "uiwork" / "uiwork.yaml"  # transformers rollout: the UI is tested here
-        data = yaml.safe_load(meg.read_text())
-        for agent in data["agents"].values():
-            agent["backend"] = "hf"
-        meg.write_text(yaml.safe_dump(data))
+        use_backend(tmp_path / "uiwork" / "uiwork.yaml", "hf")  # the UI is tested, not vLLM
         run = subprocess.run(
             [
                 sys.executable,
