@@ -55,12 +55,8 @@ def _trained_agents(spec: MEGSpec) -> list[str]:
 def _from_run(run_dir: Path, agents: list[str], tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
     """`final/<agent>/` of a run (a LoRA adapter export merged into its base under `tmp`),
     else its newest checkpoint exported, merged, to `tmp/<agent>`."""
-    from engines.training.checkpoint import (
-        export_hf,
-        latest_checkpoint,
-        merged_model_dir,
-        restore_trainer,
-    )
+    from engines.training.checkpoint import export_hf, merged_model_dir, restore_trainer
+    from engines.training.checkpoint_index import latest_checkpoint
     from engines.training.lora import is_adapter_dir
 
     run = load_run(run_dir)

@@ -8,26 +8,39 @@ UI); `DaskExecutor` submits the same function bodies as plain Dask futures. Both
 with `dask.annotate(...)` (see `flows.cluster.roles`); both pass dependencies as futures inside
 the arguments (each resolves them before the body runs). Running one workload through both is
 how the benchmark measures Prefect's orchestration overhead.
+
+The task modules are imported where the bodies run, not here: they pull in torch and
+transformers (~10 s of CPU), which the driver never needs. `DaskExecutor` submits `run_task`,
+which imports the body on the worker; only `PrefectExecutor` (which hands Prefect the task
+object itself) imports them on the driver, when it is made.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
-from collections.abc import Callable
+import uuid
 from typing import Any, Protocol
 
 import dask
 
-from tasks.rollout import generate
-from tasks.scoring import score
-from tasks.training import optimizer_step, train
-
-TASKS: dict[str, Any] = {
-    "generate": generate,
-    "score": score,
-    "train": train,
-    "step": optimizer_step,
+TASKS: dict[str, tuple[str, str]] = {  # kind → (module, Prefect task object in it)
+    "generate": ("tasks.rollout", "generate"),
+    "score": ("tasks.scoring", "score"),
+    "train": ("tasks.training", "train"),
+    "step": ("tasks.training", "optimizer_step"),
 }
+
+
+def task_of(kind: str) -> Any:
+    """The Prefect task of `kind`, imported on first use."""
+    module, name = TASKS[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def run_task(kind: str, **kwargs: Any) -> Any:
+    """The body of the task of `kind` (what a plain Dask future runs, on the worker)."""
+    return task_of(kind).fn(**kwargs)
 
 
 class Executor(Protocol):
@@ -40,9 +53,12 @@ class Executor(Protocol):
 class PrefectExecutor:
     """Submit through the flow's DaskTaskRunner (must be called inside the flow run)."""
 
+    def __init__(self) -> None:
+        self.tasks = {kind: task_of(kind) for kind in TASKS}
+
     def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any:
         with dask.annotate(**pin):
-            return TASKS[kind].submit(**kwargs)
+            return self.tasks[kind].submit(**kwargs)
 
     def done(self, handle: Any) -> bool:
         return bool(handle.wrapped_future.done())
@@ -55,15 +71,16 @@ class PrefectExecutor:
 
 
 class DaskExecutor:
-    """Submit the task bodies (`task.fn`) as plain Dask futures on `client`."""
+    """Submit the task bodies as plain Dask futures on `client`, keyed like the task
+    (`train-<uuid>`) so that the dashboard and the scheduler's logs name them."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
     def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any:
-        fn: Callable[..., Any] = TASKS[kind].fn
+        key = f"{TASKS[kind][1]}-{uuid.uuid4()}"
         with dask.annotate(**pin):
-            return self.client.submit(fn, pure=False, **kwargs)
+            return self.client.submit(run_task, kind, key=key, **kwargs)
 
     def done(self, handle: Any) -> bool:
         return bool(handle.done())

@@ -63,12 +63,12 @@ from typing import Any
 from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
 from flows.cluster import Workers
 from flows.executors import Executor
-from flows.planning import EpisodePlanner
+from flows.planning import EpisodePlanner, scoring_plan
 from meg import ScoreGroup, expand_episode, score_groups, topological_order
 from meg.sharing import unit_of
 from tasks.context import RunContext
 from tasks.failures import FailureBudget
-from tasks.scoring import ScoreRef, scoring_plan
+from tasks.refs import ScoreRef
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from flows.selection import Selector
+from meg import MEGSpec, ScoreGroup, score_groups
 from tasks.context import RunContext
 from tasks.rollout import Episode, episode_id
 from tasks.worker import splits_of
 from workloads.datasets import batch_for_step
+from workloads.rewards import reward_reads
 
 
 class EpisodePlanner:
@@ -70,3 +72,14 @@ class EpisodePlanner:
             return new
         back = range(max(0, k - self.rollout.carry_limit), k)
         return [tuple(e for s in back for e in self.planned(s)[j]) + new[j] for j in range(self.m)]
+
+
+def scoring_plan(spec: MEGSpec) -> tuple[ScoreGroup, ...]:
+    """The score groups of `spec`, from what each node's bound reward declares it reads."""
+    reads = {}
+    for node, binding in spec.rewards.items():
+        try:
+            reads[node] = reward_reads(binding.fn, binding.params)
+        except ValueError as e:
+            raise ValueError(f"rewards.{node}: {e}") from None
+    return score_groups(spec, reads)

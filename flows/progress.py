@@ -15,9 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tasks.rollout import GenRef
-from tasks.scoring import RewardSum, ScoreRef
-from tasks.training import StepRef, TrainRef
+from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 
 class Progress:

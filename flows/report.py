@@ -10,9 +10,7 @@ import numpy as np
 from flows.selection import SelectRef
 from storage.audit import Audit
 from tasks.context import Timing
-from tasks.rollout import GenRef
-from tasks.scoring import RewardSum, ScoreRef
-from tasks.training import StepRef
+from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef
 
 
 def timings(results: list[Any]) -> list[Timing]:

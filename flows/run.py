@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.training.checkpoint import latest_checkpoint
+from engines.training.checkpoint_index import latest_checkpoint
 from flows.config import validate_spec
 from meg import MEGSpec
 from storage.store import MEGStore

@@ -25,6 +25,7 @@ from flows.config import load_config
 from flows.executors import DaskExecutor, PrefectExecutor
 from flows.lease import cluster_lease
 from flows.pipeline import Pipeline, PipelineConfig
+from flows.planning import scoring_plan
 from flows.progress import Progress
 from flows.reach import check_reachable
 from flows.report import reward_gain, summary, timings
@@ -35,7 +36,6 @@ from meg.sizes import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW, step_samples_probl
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
-from tasks.scoring import scoring_plan
 from workloads import plugins
 
 
@@ -297,7 +297,8 @@ def export_final(run: Run, how: str = "adapter") -> None:
     """Every agent's final policy under `final/<agent>/` (what `evaluate` loads): a HF model
     directory, or for a LoRA agent its PEFT adapter (`how="merged"`: the merged model)."""
     from engines.model_files import local_dir
-    from engines.training.checkpoint import export_hf, latest_checkpoint, restore_trainer
+    from engines.training.checkpoint import export_hf, restore_trainer
+    from engines.training.checkpoint_index import latest_checkpoint
 
     for agent in {n.agent for n in run.ctx.spec.nodes.values()}:
         ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))

@@ -18,9 +18,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.pipeline import StepLog
-from tasks.rollout import GenRef
-from tasks.scoring import RewardSum, ScoreRef
-from tasks.training import StepRef, TrainRef
+from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 
 def describe(ref: Any) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from engines.training.batch import build_microbatch
-from engines.training.checkpoint import latest_checkpoint
+from engines.training.checkpoint_index import latest_checkpoint
 from engines.training.trainer import AgentTrainer
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,62 +20,17 @@ import torch
 from prefect import task
 
 from engines.training.advantages import compute_advantages
-from meg import MEGSpec, ScoreGroup, score_groups, sinks
+from meg import MEGSpec, ScoreGroup, sinks
 from storage.schema import SampleBatch, SegmentKey
-from tasks.context import RunContext, Stopwatch, Timing
+from tasks.context import RunContext, Stopwatch
 from tasks.failures import NodeScores, ScoredRows, apply_failure_rule
+from tasks.refs import RewardSum, ScoreRef
 from tasks.reward_calls import Call, Job, Outcome, pool_for
 from tasks.rollout import Episode
 from tasks.worker import plugins_of, store_of, tokenizer_of
 from workloads.datasets import TaskItem
-from workloads.rewards import reward_reads
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RewardSum:
-    """Sum and count of rewards: means that add up across score groups and micro-batches."""
-
-    total: float = 0.0
-    count: int = 0
-
-    def __add__(self, other: RewardSum) -> RewardSum:
-        return RewardSum(self.total + other.total, self.count + other.count)
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    @staticmethod
-    def of(rewards: np.ndarray) -> RewardSum:
-        """The sum and count of the rewards that exist (NaN: a failed call, dropped)."""
-        ok = rewards[~np.isnan(rewards)]
-        return RewardSum(float(ok.sum()), len(ok))
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreRef:
-    step: int
-    micro_batch: int
-    nodes: tuple[str, ...]
-    rows: int
-    agent_reward: dict[str, RewardSum]
-    team: RewardSum  # rewards of the team nodes among `nodes` (count 0: none of them)
-    timing: Timing
-    failed: dict[str, int] = dataclasses.field(default_factory=dict)  # agent → failed calls
-    failure: str = ""  # one failed call's sample and reason, for the error that stops a run
-
-
-def scoring_plan(spec: MEGSpec) -> tuple[ScoreGroup, ...]:
-    """The score groups of `spec`, from what each node's bound reward declares it reads."""
-    reads = {}
-    for node, binding in spec.rewards.items():
-        try:
-            reads[node] = reward_reads(binding.fn, binding.params)
-        except ValueError as e:
-            raise ValueError(f"rewards.{node}: {e}") from None
-    return score_groups(spec, reads)
 
 
 Views = dict[str, dict[str, dict[str, Any]]]  # episode → sample id → {node, text, parents}

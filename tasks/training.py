@@ -15,51 +15,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from prefect import task
 
 from engines.model_files import local_dir
-from engines.training.checkpoint import (
-    checkpoint_dir,
-    maybe_checkpoint,
-    prune_checkpoints,
-    restore_latest,
-    save_checkpoint,
-)
+from engines.training.checkpoint import maybe_checkpoint, restore_latest, save_checkpoint
+from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
 from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
-from tasks.context import RunContext, Stopwatch, Timing
+from tasks.context import RunContext, Stopwatch
+from tasks.refs import StepRef, TrainRef
 from tasks.worker import slots_of, state_of, store_of
-
-
-@dataclass(frozen=True, slots=True)
-class TrainRef:
-    agent: str
-    step: int
-    micro_batch: int
-    segment_ids: tuple[str, ...]
-    versions: tuple[int, ...]
-    rows: int
-    tokens: int
-    loss: float
-    timing: Timing
-
-
-@dataclass(frozen=True, slots=True)
-class StepRef:
-    agent: str
-    step: int
-    version: int  # policy version after the step (= the one just published)
-    skipped: bool
-    loss: float
-    grad_norm: float
-    resumed: bool
-    timing: Timing
-    publish_s: float = 0.0  # of the step's time, putting the new weights in the StateStore
 
 
 def train_config(ctx: RunContext, agent: str) -> TrainConfig:

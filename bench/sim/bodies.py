@@ -29,9 +29,7 @@ from meg import MEGSpec, expand_episode
 from storage.state import StateStore
 from storage.table import SegmentRef
 from tasks.context import Timing
-from tasks.rollout import GenRef
-from tasks.scoring import RewardSum, ScoreRef
-from tasks.training import StepRef, TrainRef
+from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 ROLE = {"generate": "rollout", "score": "rollout", "train": "train", "step": "train"}
 

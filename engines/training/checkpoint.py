@@ -42,13 +42,16 @@ from engines.training.checkpoint_files import (
     META_FILE,
     STATE_FILE,
     CorruptCheckpointError,
-    already_verified,
-    note,
-    quarantine,
     read_dir,
     remember_verified,
     seal,
     write_dir,
+)
+from engines.training.checkpoint_index import (
+    checkpoint_dir,
+    committed_checkpoints,
+    prune_checkpoints,
+    set_aside,
 )
 from engines.training.config import DTYPES
 from engines.training.lora import (
@@ -125,21 +128,9 @@ def _needed(url: str) -> tuple[str, ...]:
     return (STATE_FILE, ADAPTER_WEIGHTS) if lora else (STATE_FILE,)
 
 
-def verify_checkpoint(url: str) -> None:
-    """Check checkpoint `url` against its digest (CorruptCheckpointError if damaged;
-    FileNotFoundError if it has no `meta.json`). A checkpoint this process already verified
-    (or wrote) and whose files have not changed since (size, mtime) is not read again."""
-    if not already_verified(url):
-        read_dir(url, (STATE_FILE,), load=False)
-
-
 def save_checkpoint(trainer: AgentTrainer, url: str) -> None:
     """Checkpoint `trainer` (own weights, optimizer, RNG, version) into directory `url`."""
     save_state(url, trainer.state(), trainer.meta() | trainer.describe())
-
-
-def checkpoint_dir(root: str, version: int) -> str:
-    return f"{root.rstrip('/')}/v{version:06d}"
 
 
 def maybe_checkpoint(
@@ -164,64 +155,6 @@ def maybe_checkpoint(
     return url
 
 
-def committed_checkpoints(root: str) -> list[str]:
-    """URLs of the committed checkpoints under `root` (meta.json written), oldest first."""
-    return [url for url, committed in _scan(root) if committed]
-
-
-def _scan(root: str) -> list[tuple[str, bool]]:
-    """Every `vNNNNNN` folder under `root`, oldest first, and whether it is committed."""
-    fs, path = open_fs(root)
-    if not fs.exists(path):
-        return []
-    names = sorted(
-        name
-        for name in (p.rstrip("/").rsplit("/", 1)[1] for p in fs.ls(path, detail=False))
-        if re.fullmatch(r"v\d{6}", name)
-    )
-    base = path.rstrip("/")
-    return [(f"{root.rstrip('/')}/{n}", bool(fs.exists(f"{base}/{n}/{META_FILE}"))) for n in names]
-
-
-def prune_checkpoints(root: str, keep: int) -> list[str]:
-    """Delete all but the newest `keep` committed checkpoints; return the deleted URLs.
-    Uncommitted directories (a write in progress or cut short) are left alone."""
-    old = committed_checkpoints(root)[:-keep]
-    for url in old:
-        fs, path = open_fs(url)
-        fs.rm(f"{path}/{META_FILE}")  # uncommit first: a cut-short delete is then ignored
-        fs.rm(path, recursive=True)
-    return old
-
-
-def latest_checkpoint(root: str) -> str | None:
-    """URL of the newest committed checkpoint under `root` that matches its digest, or None.
-    A corrupt one is renamed aside (`quarantine`) with a warning and the previous one is
-    tried: what a resume will actually load, so step accounting agrees with it. A newer
-    folder without `meta.json` (a prune cut short, an older FlexMARL's write cut short, or
-    a deleted file) is ignored, with a note."""
-    for url, committed in reversed(_scan(root)):
-        if not committed:
-            note(url, f"has no {META_FILE} (being written, cut short, or damaged): ignored")
-            continue
-        try:
-            verify_checkpoint(url)
-        except CorruptCheckpointError as e:
-            _set_aside(url, e)
-            continue
-        return url
-    return None
-
-
-def _set_aside(url: str, why: CorruptCheckpointError) -> None:
-    moved = quarantine(url)
-    log.warning(
-        "%s; moved aside to %s (not deleted), using the previous checkpoint",
-        why,
-        moved or "(already moved by another process)",
-    )
-
-
 def restore_latest(
     root: str, device: str = "cpu", model_path: str | None = None
 ) -> AgentTrainer | None:
@@ -231,7 +164,7 @@ def restore_latest(
         try:
             return restore_trainer(url, device=device, model_path=model_path)
         except CorruptCheckpointError as e:
-            _set_aside(url, e)
+            set_aside(url, e)
     return None
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.cluster import QUIET_DASK
 from tests.cluster.hosts import Host, Hosts, namespace_hosts, wait_port
 from tests.cluster.tls import TlsFiles, make_tls
 
@@ -25,6 +26,15 @@ PREFECT_PORT = 4200
 PREFECT_API = f"http://127.0.0.1:{PREFECT_PORT}/api"
 INSIDE_TLS = TlsFiles(Path("/tmp/tls/ca.pem"), Path("/tmp/tls/cert.pem"), Path("/tmp/tls/key.pem"))
 BUCKET = "flexmarl"
+# Every process of the cluster (scheduler included): Dask's housekeeping timers as flexmarl
+# sets them, and connection timeouts of 90 s instead of 30 s. The seven hosts share this
+# machine's two cores with the rest of the suite, and a starved scheduler once answered a
+# TLS handshake 19 s late: the driver's client lost the scheduler and the run stopped.
+DASK_ENV = {
+    **QUIET_DASK,
+    "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "90s",
+    "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": "90s",
+}
 
 
 @dataclass
@@ -44,6 +54,7 @@ class Cluster:
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
+            **DASK_ENV,
             **(INSIDE_TLS.dask_env() if tls else {}),
         }
 
@@ -115,7 +126,7 @@ def multihost_cluster(
         sched.start(
             ["dask", "scheduler", "--host", sched.ip, "--port", str(SCHEDULER_PORT),
              "--protocol", "tls", "--no-dashboard", *INSIDE_TLS.dask_args()],
-            log="scheduler",
+            env=DASK_ENV, log="scheduler",
         )  # fmt: skip
         s3.start(["python", "-m", "moto.server", "-H", s3.ip, "-p", str(S3_PORT)], log="moto")
         start_prefect(hosts["driver"])

@@ -46,7 +46,8 @@ def test_cli_evaluates_a_model_dir_and_writes_json(
 def make_run_dir(tmp: Path, cfg: Path, model: str) -> Path:
     """A run directory as `flexmarl train` leaves it: run.json, final/solver, and only a
     checkpoint (no export) for the verifier: both lookup paths of `evaluate`."""
-    from engines.training.checkpoint import checkpoint_dir, save_checkpoint
+    from engines.training.checkpoint import save_checkpoint
+    from engines.training.checkpoint_index import checkpoint_dir
     from engines.training.trainer import AgentTrainer, TrainConfig
 
     run_dir = tmp / "run"
@@ -108,7 +109,8 @@ def test_a_lora_run_is_evaluated_with_its_adapters_merged(tmp_path: Path, tiny_m
     exactly the base model's greedy results."""
     import yaml
 
-    from engines.training.checkpoint import checkpoint_dir, export_hf, save_checkpoint
+    from engines.training.checkpoint import export_hf, save_checkpoint
+    from engines.training.checkpoint_index import checkpoint_dir
     from engines.training.lora import LoraConfig
     from engines.training.trainer import AgentTrainer, TrainConfig
 

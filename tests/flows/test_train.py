@@ -243,7 +243,7 @@ def test_a_config_at_the_limits_passes_the_checks_and_runs(
 ) -> None:
     """Every size at the largest value the checks accept (or unbounded, like max_tokens on
     the last node), in one real run: what passes `check` must not fail at run time."""
-    from engines.training.checkpoint import latest_checkpoint
+    from engines.training.checkpoint_index import latest_checkpoint
     from flows.train import check
     from meg.sizes import MAX_SEED, MAX_TIMEOUT_S, MAX_WINDOW
 

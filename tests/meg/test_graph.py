@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from flows.planning import scoring_plan
 from meg import ScoreGroup, ancestors, build_spec, load_meg, score_groups
-from tasks.scoring import scoring_plan
 from workloads import BUILTIN
 from workloads.rewards import known_rewards
 

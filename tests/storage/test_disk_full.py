@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from engines.training.checkpoint import latest_checkpoint, load_checkpoint, save_state
+from engines.training.checkpoint import load_checkpoint, save_state
 from engines.training.checkpoint_files import CheckpointError
+from engines.training.checkpoint_index import latest_checkpoint
 from storage import segments as seg
 from storage.errors import StoreFullError
 from storage.schema import SegmentKey

@@ -13,7 +13,8 @@ import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
-from engines.training.checkpoint import latest_checkpoint, load_checkpoint, save_state
+from engines.training.checkpoint import load_checkpoint, save_state
+from engines.training.checkpoint_index import latest_checkpoint
 from storage.errors import StoreUnavailableError
 from storage.fs import RetryingFS, open_fs, retry_stats
 from storage.retry import RETRY_ENV, RETRY_OPTION, Retrier, RetryPolicy

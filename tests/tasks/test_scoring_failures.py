@@ -12,8 +12,9 @@ import pytest
 from meg.spec import RewardSpec
 from tasks.accounting import read_scored
 from tasks.context import RunContext
+from tasks.refs import RewardSum
 from tasks.rollout import Episode
-from tasks.scoring import RewardSum, score_micro_batch
+from tasks.scoring import score_micro_batch
 from tasks.worker import store_of
 from tests.tasks.conftest import math_chain
 from tests.tasks.test_scoring import SOLVE_CORRECT, commit_rows, group_of, solver_answers

@@ -22,7 +22,8 @@ from storage.schema import SegmentKey
 from storage.testing import synthetic_batch
 from tasks.accounting import accumulate_part, already_stepped, read_scored
 from tasks.context import RunContext
-from tasks.training import StepRef, step_agent, train_config, train_micro_batch, trainer_factory
+from tasks.refs import StepRef
+from tasks.training import step_agent, train_config, train_micro_batch, trainer_factory
 from tasks.worker import slots_of, state_of, store_of
 from tests.tasks.conftest import drop_trainers, write_scored
 

@@ -9,14 +9,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engines.training.checkpoint import (
-    committed_checkpoints,
     export_hf,
-    latest_checkpoint,
     load_checkpoint,
     maybe_checkpoint,
-    prune_checkpoints,
     restore_trainer,
     save_checkpoint,
+)
+from engines.training.checkpoint_index import (
+    committed_checkpoints,
+    latest_checkpoint,
+    prune_checkpoints,
 )
 from engines.training.trainer import AgentTrainer, TrainConfig
 from tests.engines.training.training_helpers import merge, random_batch

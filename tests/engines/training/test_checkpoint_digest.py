@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from engines.training.checkpoint import (
-    latest_checkpoint,
     load_checkpoint,
     maybe_checkpoint,
     restore_latest,
@@ -22,6 +21,7 @@ from engines.training.checkpoint import (
     save_checkpoint,
 )
 from engines.training.checkpoint_files import CorruptCheckpointError
+from engines.training.checkpoint_index import latest_checkpoint
 from engines.training.trainer import AgentTrainer, TrainConfig
 from tests.engines.training.training_helpers import merge, random_batch
 
