@@ -6,6 +6,7 @@ path. Nothing else changes: the other segment still reads the same, and no file 
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ KEYS = (SegmentKey(0, 0, "solve"), SegmentKey(0, 1, "solve"))
 def _pristine() -> Path:
     """One store with two committed segments, built once and copied per example."""
     root = Path(tempfile.mkdtemp(prefix="flexmarl-fuzz-store-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # built at import: no fixture
     table = MEGStore.open(str(root), "run").table("solver")
     for key in KEYS:
         table.write_segment(key, synthetic_batch(key))
