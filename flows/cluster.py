@@ -43,12 +43,6 @@ class ClusterConfig(BaseModel):
     memory_limit: str = Field(
         "auto", description="per-worker memory limit of a local cluster (auto: RAM / workers)"
     )
-    threads: int | None = Field(
-        None,
-        ge=1,
-        description="torch/OpenMP threads of each local worker (default: the cores shared "
-        "among the workers)",
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +190,6 @@ def split_workers(info: dict[str, dict[str, Any]], scheduler: str) -> Workers:
     return Workers(scheduler, rollout, train, pins)
 
 
-def worker_threads(cfg: ClusterConfig) -> int:
-    """torch/OpenMP threads of each local worker: `cfg.threads`, else an equal share of
-    the cores (an explicit `OMP_NUM_THREADS` in the driver's environment wins over both)."""
-    return cfg.threads or max(1, (os.cpu_count() or 1) // len(roles(cfg)))
-
-
 def _start_local(cfg: ClusterConfig) -> Any:
     """A LocalCluster-family cluster (any SpecCluster subclass) with one worker per role."""
     cls = _import(cfg.cluster_class)
@@ -263,22 +251,16 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     # the scheduler of a local cluster lives in this process: quiet its INFO lines too
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cluster = None
+    if cfg.scheduler:
+        address, expected = cfg.scheduler, 2
+    else:
+        n = len(roles(cfg))
+        # each worker gets an equal share of the cores for torch/OpenMP
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+        keep_malloc_defaults()
+        cluster = _start_local(cfg)
+        address, expected = cluster.scheduler_address, n
     try:
-        if cfg.scheduler:
-            address, expected = cfg.scheduler, 2
-        else:
-            keep_malloc_defaults()
-            # each nanny reads these when it is made (Dask's pre-spawn environment, which
-            # defaults them to 1) and gives them to its worker process before the interpreter
-            # starts, restarts included: so they are set only while the nannies are made; the
-            # driver's own OMP_NUM_THREADS wins. torch takes its thread count from MKL's when
-            # it has MKL: OMP_NUM_THREADS alone left every worker on one thread.
-            threads = os.environ.get("OMP_NUM_THREADS") or str(worker_threads(cfg))
-            with _environ(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads):
-                cluster = _start_local(cfg)
-                address, expected = cluster.scheduler_address, len(roles(cfg))
-                with Client(address) as client:
-                    client.wait_for_workers(expected, timeout=120)
         with Client(address) as client:
             client.wait_for_workers(expected, timeout=120)
             workers = split_workers(client.scheduler_info(n_workers=-1)["workers"], address)
@@ -287,15 +269,3 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     finally:
         if cluster is not None:
             cluster.close()
-
-
-@contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """`values` in this process's environment for the block, then as they were."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.update({k: v})

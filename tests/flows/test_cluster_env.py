@@ -8,15 +8,9 @@ import pytest
 from distributed import Client
 from distributed.nanny import _get_env_variables
 
-from flows.cluster import ClusterConfig, keep_malloc_defaults, worker_threads
+from flows.cluster import keep_malloc_defaults
 
 pytestmark = pytest.mark.slow
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return int(torch.get_num_threads())
 
 
 def _malloc_env() -> dict[str, str | None]:
@@ -40,19 +34,3 @@ def test_only_the_malloc_setting_leaves_the_nanny_environment() -> None:
     after = _get_env_variables("distributed.nanny.pre-spawn-environ")
     assert "MALLOC_TRIM_THRESHOLD_" not in after
     assert after == {k: v for k, v in before.items() if k != "MALLOC_TRIM_THRESHOLD_"}
-
-
-def test_workers_get_their_share_of_the_cores_for_torch(cluster: str) -> None:
-    """torch in each worker runs the threads `worker_threads` gives it (Dask's pre-spawn
-    environment sets MKL_NUM_THREADS=1, from which torch takes its count: OMP_NUM_THREADS
-    alone left every worker on one thread)."""
-    with Client(cluster) as client:
-        seen = client.run(_torch_threads)
-    assert set(seen.values()) == {worker_threads(ClusterConfig())}
-
-
-def test_threads_of_a_local_worker() -> None:
-    cores = os.cpu_count() or 1
-    assert worker_threads(ClusterConfig()) == max(1, cores // 2)
-    assert worker_threads(ClusterConfig(threads=3)) == 3
-    assert worker_threads(ClusterConfig(rollout_workers=cores, train_workers=cores)) == 1
