@@ -2,6 +2,7 @@
 
     python -m bench.peer_trl [--small] [--json PATH] [--sizes 8x4x32,64x4x128] [--steps N]
                              [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]before]
+                             [--[no-]colocated]
 
 The job is a one-node MEG (`solve`: one agent answers `Q: a+b=\\nA:` questions of the
 project's `arithmetic` dataset, rewarded by the project's `exact_answer`), run at each size
@@ -17,7 +18,8 @@ both sides; `trl_over_ours` = TRL's step_s / ours (> 1: we are faster). `--befor
 default) adds `ours-dask-malloc`, ours on a second cluster whose workers get Dask's
 `MALLOC_TRIM_THRESHOLD_=65536` (as every worker did before
 `flows.cluster.keep_malloc_defaults`), and `before_over_after`, its step_s over ours (> 1:
-the change made us faster).
+the change made us faster). `--colocated` (the default) adds `ours-colocated`, ours on one
+colocated worker whose torch has every core (TRL's layout), and `trl_over_colocated`.
 
 Identical on both sides: the model (a random tiny Llama from `workloads.tiny_model`, so
 completions run to the token budget; or `--model DIR`), the prompts of every step and their
@@ -34,8 +36,9 @@ Not identical: the advantage's std epsilon (ours 1e-6, TRL 1e-4); the sampler (o
 TRL transformers' `generate`, or its colocated vLLM) and hence the random samples; ours
 corrects the vLLM-sampler/trainer logprob gap with a truncated per-token importance weight
 (cap 2), TRL with its own `generate` needs none (with vLLM it gets the same: token_truncate,
-cap 2); TRL runs one process on all cores, ours a driver and two worker processes that split
-the cores; ours also writes every trajectory to the store, checkpoints and publishes weights.
+cap 2); TRL runs one process on all cores (both thread variables set: `run_trl`), ours a
+driver and two worker processes that split the cores; ours also writes every trajectory to
+the store, checkpoints and publishes weights.
 """
 
 from __future__ import annotations
@@ -171,7 +174,10 @@ def run_trl(job: Job, model: str, backend: str, work: Path) -> dict[str, Any]:
     spec["rows"] = trl_rows(job)
     job_file, out_file = work / f"trl-{job.label}.job.json", work / f"trl-{job.label}.out.json"
     job_file.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    # both variables: our clusters' nannies left MKL_NUM_THREADS=1 in this process's
+    # environment (Dask's pre-spawn environment), and torch with MKL takes MKL's count
+    cores = str(os.cpu_count() or 1)
+    env = {**os.environ, "OMP_NUM_THREADS": cores, "MKL_NUM_THREADS": cores}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "bench.peer_trl_arm", str(job_file), str(out_file)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -199,14 +205,21 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+COLOCATED = ClusterConfig(colocate=True, threads=os.cpu_count() or 1)
+
+
 @contextmanager
-def clusters(before: bool) -> Iterator[dict[str, str]]:
-    """Arm name → scheduler address: `ours` on a default local cluster and, with `before`,
-    `ours-dask-malloc` on one whose workers get Dask's `MALLOC_TRIM_THRESHOLD_=65536`
-    (what every worker had before `flows.cluster.keep_malloc_defaults`): the before/after
-    of that change, side by side in one invocation."""
+def clusters(before: bool, colocated: bool) -> Iterator[dict[str, str]]:
+    """Arm name → scheduler address: `ours` on a default local cluster; with `colocated`,
+    `ours-colocated` on one colocated worker whose torch has every core (`COLOCATED`, TRL's
+    layout); with `before`, `ours-dask-malloc` on one whose workers get Dask's
+    `MALLOC_TRIM_THRESHOLD_=65536` (what every worker had before
+    `flows.cluster.keep_malloc_defaults`): the before/after of that change, side by side
+    in one invocation."""
     with ExitStack() as stack:
         out = {"ours": stack.enter_context(dask_cluster(ClusterConfig())).address}
+        if colocated:
+            out["ours-colocated"] = stack.enter_context(dask_cluster(COLOCATED)).address
         if before:
             old = os.environ.get(MALLOC)
             os.environ[MALLOC] = "65536"  # inherited by the workers spawned now
@@ -246,16 +259,19 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
         **arms,
         "trl_errors": errors,
     }
+    if "ours-colocated" in arms:
+        out["trl_over_colocated"] = round(t["step_s"] / arms["ours-colocated"]["step_s"], 3)
     if "ours-dask-malloc" in arms:  # > 1: the change made our step faster
         out["before_over_after"] = round(arms["ours-dask-malloc"]["step_s"] / o["step_s"], 3)
     return out
 
 
 def measure(
-    jobs: list[Job], model: str, work: Path, repeats: int, trl_vllm: bool, before: bool
-) -> dict[str, Any]:
+    jobs: list[Job], model: str, work: Path, repeats: int, trl_vllm: bool, before: bool,
+    colocated: bool,
+) -> dict[str, Any]:  # fmt: skip
     backends = ["transformers"] + (["vllm-colocate"] if trl_vllm else [])
-    with prefect_api(), clusters(before) as ours:
+    with prefect_api(), clusters(before, colocated) as ours:
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
 
@@ -266,11 +282,12 @@ def run(
     repeats: int = 1,
     trl_vllm: bool = False,
     before: bool = False,
+    colocated: bool = False,
 ) -> dict[str, Any]:
     """Every size, both frameworks interleaved; the headline is the largest size's ratio."""
     import trl
 
-    sizes = measure(jobs, model, work, repeats, trl_vllm, before)
+    sizes = measure(jobs, model, work, repeats, trl_vllm, before, colocated)
     largest = max(jobs, key=lambda j: j.prompts * j.group * j.max_tokens).label
     return {
         "date": str(date.today()),
@@ -284,6 +301,11 @@ def run(
             "trl-transformers": "GRPOTrainer, transformers generate, one process",
             **({"trl-vllm-colocate": "GRPOTrainer, vLLM colocated"} if trl_vllm else {}),
             **({"ours-dask-malloc": "ours, workers with Dask's malloc setting"} if before else {}),
+            **(
+                {"ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads"}
+                if colocated
+                else {}
+            ),
         },
         "sizes": sizes,
         "largest": largest,
@@ -336,6 +358,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "(default: on, off with --small)",
     )
     ap.add_argument(
+        "--colocated",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also ours on one colocated worker with every core (default: on, off with --small)",
+    )
+    ap.add_argument(
         "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
     )
     a = ap.parse_args(argv)
@@ -348,7 +376,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
         before = not a.small if a.before is None else a.before
-        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before)
+        colocated = not a.small if a.colocated is None else a.colocated
+        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before, colocated)
     render_table(results)
     if a.json:
         write_results(results, a.json)

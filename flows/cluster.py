@@ -16,6 +16,7 @@ import copy
 import importlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +43,12 @@ class ClusterConfig(BaseModel):
     train_slots: int = Field(2, ge=1, description="training slots per training worker")
     memory_limit: str = Field(
         "auto", description="per-worker memory limit of a local cluster (auto: RAM / workers)"
+    )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads of each local worker (default 1: the workers share the "
+        "cores; one colocated worker may take them all)",
     )
 
 
@@ -206,9 +213,36 @@ def _start_local(cfg: ClusterConfig) -> Any:
     for name, resources in roles(cfg).items():
         spec = copy.deepcopy(cluster.new_spec)
         spec["options"] = {**spec["options"], "resources": resources, "name": name}
+        if cfg.threads:
+            spec["options"]["env"] = thread_env(cfg.threads)
         cluster.worker_spec[name] = spec
     cluster.scale(len(cluster.worker_spec))
     return cluster
+
+
+def wait_for_roles(client: Any, address: str, timeout: float) -> Workers:
+    """The cluster's roles once it has a rollout and a training worker: one colocated worker
+    is enough (a one-agent job on one machine), so a joined cluster is waited for by role,
+    not by a worker count. Past `timeout`, `split_workers`' error names what is missing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        try:
+            return split_workers(info, address)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The nanny environment that gives a worker's torch `threads` threads. Both variables:
+    Dask's nanny sets OMP_NUM_THREADS and MKL_NUM_THREADS to 1 for every worker it spawns
+    (its pre-spawn environment), and torch built with MKL takes its count from MKL's, so
+    OMP_NUM_THREADS alone left every worker on one thread. A nanny's own `env` is applied
+    in the worker process before torch loads, over the pre-spawn values, restarts included."""
+    n = str(threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
 
 
 # Dask's nanny exports this to every worker process it spawns (distributed.yaml); None drops it
@@ -252,7 +286,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cluster = None
     if cfg.scheduler:
-        address, expected = cfg.scheduler, 2
+        address, expected = cfg.scheduler, 1  # then both roles: `wait_for_roles`
     else:
         n = len(roles(cfg))
         # each worker gets an equal share of the cores for torch/OpenMP
@@ -263,7 +297,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     try:
         with Client(address) as client:
             client.wait_for_workers(expected, timeout=120)
-            workers = split_workers(client.scheduler_info(n_workers=-1)["workers"], address)
+            workers = wait_for_roles(client, address, timeout=120)
             client.run(warm_up)  # all workers import the stack at once, not in the first task
         yield workers
     finally:

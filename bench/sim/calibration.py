@@ -137,27 +137,31 @@ class LinearFit:
 
 
 # Fitted by `python -m bench.sim.fit tasks` (2026-12-03) on the timelines `bench/e2e.py`
-# kept in bench/results/e2e_runs/ (run 08:38-08:59 UTC, tiny Llama 2 layers × 128 dims, vLLM
-# CPU, 2 cores, 6 steps × 32 episodes, 2 micro-batches, 2 repeats): task costs from the
-# `flex` arm of math-chain and fanout (140 generate and 140 train tasks of steps ≥ 1),
-# effective cores from the `marti-like` arm against it. See docs/simulator.md.
+# kept in bench/results/e2e_runs/ (run 18:28-18:49 UTC, tiny Llama 2 layers × 128 dims, vLLM
+# CPU, 2 cores, 6 steps × 32 episodes, 2 micro-batches, 3 repeats, after the fix that shuts
+# a dropped host's engine down: the earlier runs' workers carried every previous run's
+# engines): task costs from the `flex` arm of math-chain and fanout (210 generate and 210
+# train tasks of steps ≥ 1), effective cores from the `marti-like` arm against it. See
+# docs/simulator.md.
 CPU_HERE = LinearFit(
-    gen_task=0.1573,
+    gen_task=0.0601,
     gen_iter=0.0,  # not identifiable here: the tiny model's answers are ~2 tokens long
     gen_token=0.0,  # likewise (the fit puts the rows' cost on the prompt tokens)
-    gen_prompt=5.45e-05,
-    score_task=0.0459,  # median of the score tasks
+    gen_prompt=3.15e-05,
+    score_task=0.0250,  # median of the score tasks
     score_row=0.0,
-    train_task=0.1083,
-    train_token=0.0001086,
-    step_task=0.0515,  # median of the optimizer steps (update, publication, checkpoint)
+    train_task=0.0354,
+    train_token=4.04e-05,
+    step_task=0.0311,  # median of the optimizer steps (update, publication, checkpoint)
     swap=0.009387,  # bench/results/training.json `swap_ms` (42 MB state): an upper bound
-    dispatch=0.00262,  # median idle gap < 0.25 s between consecutive tasks of a worker
+    dispatch=0.00171,  # median idle gap < 0.25 s between consecutive tasks of a worker
     # 2 physical cores, shared with the driver (scheduler, pipeline, Prefect server) and
-    # with waits on I/O: run side by side, the worker processes slow down as if they shared
-    # 1.76 (`effective_cores`: each marti-like task that ran beside >= 2.5 others, against
-    # its (phase, agent) median in flex)
-    cores=1.76,
+    # with waits on I/O: the worker processes behave as if they shared 1.66
+    # (`step_fit_cores`: the value whose simulated flex and marti-like step times are
+    # closest to the measured ones; the median single marti-like task that ran beside
+    # >= 2.5 others, against its (phase, agent) median in flex, says 1.92, and leaves
+    # fanout marti-like 15.7% fast)
+    cores=1.66,
 )
 
 

@@ -9,8 +9,12 @@ quantiles of the response lengths and the prompt tokens before the parents' answ
 (`bench/results/e2e_runs/`), steps ≥ 1 only (step 0 loads models), and fits
 `calibration.LinearFit` by non-negative least squares: a task's tokens come from its MEG
 (rows per micro-batch) and the length quantiles, since a timeline names a task's agent and
-micro-batch but not its tokens. The printed constants are pasted into `calibration.py` by
-hand, with the date and the runs: the simulator never reads a run at run time.
+micro-batch but not its tokens. The workers' effective cores are fitted twice: from single
+tasks of the `--shared-arm` (`effective_cores`) and, what `calibration.py` uses, from the
+step times of the two in-sample arms (`step_fit_cores`: the simulator replays `--arm` and
+`--shared-arm` at each candidate value). The printed constants are pasted into
+`calibration.py` by hand, with the date and the runs: the simulator never reads a run at
+run time.
 
 Only agents with one node are fitted (a timeline's generate interval names its agent, not
 its node); the built-in math-chain and fanout are such MEGs.
@@ -24,7 +28,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +193,42 @@ def e2e_fit(
     return out
 
 
+def best_cores(errors_at: Callable[[float], list[float]], grid: Sequence[float]) -> float:
+    """The grid value whose relative errors have the smallest sum of squares (the first
+    one on a tie): a one-parameter fit, small enough to search."""
+    return min(grid, key=lambda c: sum(e * e for e in errors_at(c)))
+
+
+def step_fit_cores(
+    fitted: Mapping[str, float], e2e_json: Path, arms: tuple[str, ...], cpus: int
+) -> float:
+    """Effective cores fitted to the measured step times of the in-sample `arms` (with the
+    task costs just fitted): the simulator itself predicts each arm at every candidate
+    value. Unlike `effective_cores` (a median over single tasks), this weighs what a step
+    waits for, which is what validation compares."""
+    import dataclasses
+
+    from bench.sim.calibration import CPU_HERE
+    from bench.sim.costs import LinearCosts
+    from bench.sim.validate import e2e_specs, predict
+
+    res = json.loads(e2e_json.read_text())
+    specs, sizes = e2e_specs(e2e_json)
+    keys = {f for f in (x.name for x in dataclasses.fields(CPU_HERE)) if f in fitted}
+    base = dataclasses.replace(CPU_HERE, **{k: float(fitted[k]) for k in keys})
+
+    def errors_at(cores: float) -> list[float]:
+        costs = LinearCosts(dataclasses.replace(base, cores=cores))
+        out = []
+        for wl, spec in specs.items():
+            for arm in arms:
+                measured = float(res["workloads"][wl]["arms"][arm]["step_s"])
+                out.append(predict(spec, arm, sizes, costs) / measured - 1)
+        return out
+
+    return best_cores(errors_at, [round(1 + 0.02 * i, 2) for i in range(int(50 * (cpus - 1)) + 1)])
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -210,6 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         specs, sizes = e2e_specs(a.e2e)
         out = e2e_fit(a.runs, a.arm, a.shared_arm, specs, sizes.episodes / sizes.micro_batches)
+        cpus = int(json.loads(a.e2e.read_text()).get("cpus") or 2)
+        out["step_fit_cores"] = step_fit_cores(out, a.e2e, (a.arm, a.shared_arm), cpus)
     print(json.dumps(out, indent=1))
     return out
 

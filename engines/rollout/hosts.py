@@ -68,6 +68,12 @@ class Host:
     def version(self) -> int:
         return self.backend.version
 
+    def _check_open(self) -> None:
+        """Under the lock: a crashed or dropped host serves nothing (`HostCrashedError`,
+        which the task layer retries with a fresh host)."""
+        if self.crashed:
+            raise HostCrashedError(f"host of agent {self.agent!r} has crashed or was dropped")
+
     def _add_outstanding(self, tokens: int) -> None:
         with self._count_lock:
             self.outstanding_tokens += tokens
@@ -103,8 +109,7 @@ class Host:
         self._add_outstanding(est)
         try:
             with self._lock:
-                if self.crashed:
-                    raise HostCrashedError(f"host of agent {self.agent!r} has crashed")
+                self._check_open()
                 return self._generate(prompts, params, agent, cut)
         except HostCrashedError:
             self.crashed = True
@@ -127,6 +132,7 @@ class Host:
         passing a closure that reads the StateStore costs nothing on an up-to-date host.
         """
         with self._lock:
+            self._check_open()
             if self.latest is None or self.latest[0] <= version:
                 self.latest = (version, load_weights)
             if self.backend.version >= version:
@@ -146,6 +152,7 @@ class AdapterHost(Host):
 
     def load(self, agent: str, version: int, loader: StateLoader) -> bool:
         with self._lock:
+            self._check_open()
             old = self.adapters.get(agent)
             if (old[0] if old else 0) == version:
                 return False
@@ -202,9 +209,21 @@ def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
 
 
 def drop_host(agent: str) -> bool:
-    """Forget this process's host for `agent` (frees the model once unreferenced)."""
+    """Forget this process's host for `agent` and close its backend: a backend with a
+    `close()`, like vLLM's, releases its engine now rather than at some later garbage
+    collection (`vllm_engines`). A generate already running finishes first (the host's
+    lock); a task that still holds the host afterwards finds it crashed, and its retry asks
+    `get_host` for a new one."""
     with _REGISTRY_LOCK:
-        return _HOSTS.pop(agent, None) is not None
+        host = _HOSTS.pop(agent, None)
+    if host is None:
+        return False
+    with host._lock:
+        host.crashed = True
+        close = getattr(host.backend, "close", None)
+        if close is not None:
+            close()
+    return True
 
 
 def hosted_agents() -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
     s = res["sizes"][label]
     steps = s["job"]["steps"]
     assert "ours-dask-malloc" not in s and "before_over_after" not in s
+    assert "ours-colocated" not in s  # `--colocated` is off with --small
+    # TRL's torch gets the cores: not the MKL_NUM_THREADS=1 Dask's nanny left in our env
+    (trl_run,) = s["trl-transformers"]["runs"]
+    assert trl_run["threads"] > 1 if (os.cpu_count() or 1) > 1 else trl_run["threads"] == 1
     for arm in (s["ours"], s["trl-transformers"]):
         assert arm["steps"] == steps and arm["step_s"] > 0
         assert len(arm["reward_curve"]) == steps and all(0 <= r <= 1 for r in arm["reward_curve"])

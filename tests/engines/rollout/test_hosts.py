@@ -70,6 +70,22 @@ def test_caller_errors_do_not_crash_host_but_failures_recreate_it(
     drop_host("verifier")
 
 
+def test_a_dropped_host_serves_nothing_and_a_task_holding_it_retries(tiny_model_dir: Path) -> None:
+    """A task of an old run may still hold its host when a new run drops it: it must get
+    the retryable `HostCrashedError`, not a half-closed engine."""
+    drop_host("old-run/solver")
+    h = get_host("old-run/solver", "hf", str(tiny_model_dir))
+    assert drop_host("old-run/solver") is True and "old-run/solver" not in hosted_agents()
+    with pytest.raises(HostCrashedError, match="dropped"):
+        h.generate([[1, 2]], SamplingParams(max_tokens=2))
+    with pytest.raises(HostCrashedError, match="dropped"):
+        h.ensure_version(1, weights_of(tiny_model_dir))
+    fresh = get_host("old-run/solver", "hf", str(tiny_model_dir))
+    assert fresh is not h and not fresh.crashed and fresh.loads == 1
+    assert len(fresh.generate([[1, 2]], SamplingParams(max_tokens=2))[0]) == 1
+    drop_host("old-run/solver")
+
+
 # dashboard_address=":0": the scheduler's health/metrics HTTP server binds a free port at once.
 # With None it tries 8787 first; when another cluster on this machine holds 8787, distributed
 # warns and leaks the failed socket (an unraisable ResourceWarning that fails the test).

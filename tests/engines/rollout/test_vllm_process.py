@@ -66,6 +66,35 @@ def test_a_collected_engine_is_parked_while_another_lives(tiny_model_dir: Path) 
     assert len(keeper.generate([[5, 6, 7], [8, 9]], params)) == 2  # still alive
 
 
+def test_dropping_a_run_s_hosts_releases_their_engines_despite_stray_references(
+    tiny_model_dir: Path,
+) -> None:
+    """A long-lived rollout worker drops a finished run's hosts when the next run starts.
+    Their engines used to be released only when the garbage collector reached the
+    backends; one backend kept alive by a stray reference (or frozen by the next engine's
+    `gc.freeze()`) kept the live count above zero, so every engine parked after it stayed
+    in memory: +350 MB per fanout run, until Dask paused the worker. `drop_host` now
+    releases the engine itself, whatever else still refers to the host."""
+    from engines.rollout.vllm_engines import ENGINES
+
+    live = ENGINES.live
+    stray = [get_host(f"run-a/{agent}", "vllm", str(tiny_model_dir)) for agent in ("x", "y")]
+    assert ENGINES.live == live + 2
+    llms = [h.backend.llm for h in stray]  # type: ignore[attr-defined]
+    for agent in ("x", "y"):
+        assert drop_host(f"run-a/{agent}")
+    assert ENGINES.live == live  # released now: no garbage collection needed
+    if live == 0:  # nothing else lives in this process: both were shut down at once
+        from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+        assert ENGINES.parked == [] and not model_parallel_is_initialized()
+    else:  # another test's engine lives here: parked until the last one goes
+        assert all(any(p is llm for p in ENGINES.parked) for llm in llms)
+    after = get_host("run-b/x", "vllm", str(tiny_model_dir))  # the next run builds anew
+    assert len(after.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=3, seed=1))[0]) == 1
+    drop_host("run-b/x")
+
+
 class _Core:
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
