@@ -2,7 +2,7 @@
 
     python -m bench.peer_trl [--small] [--json PATH] [--sizes 8x4x32,64x4x128] [--steps N]
                              [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]before]
-                             [--[no-]colocated]
+                             [--[no-]colocated] [--[no-]async-arm]
 
 The job is a one-node MEG (`solve`: one agent answers `Q: a+b=\\nA:` questions of the
 project's `arithmetic` dataset, rewarded by the project's `exact_answer`), run at each size
@@ -20,6 +20,9 @@ default) adds `ours-dask-malloc`, ours on a second cluster whose workers get Das
 `flows.cluster.keep_malloc_defaults`), and `before_over_after`, its step_s over ours (> 1:
 the change made us faster). `--colocated` (the default) adds `ours-colocated`, ours on one
 colocated worker whose torch has every core (TRL's layout), and `trl_over_colocated`.
+`--async-arm` (the default) adds `ours-async-1`, ours in async mode with one step of
+staleness (rollout of step k overlaps training of step k−1; not TRL's on-policy GRPO), and
+`trl_over_async`.
 
 Identical on both sides: the model (a random tiny Llama from `workloads.tiny_model`, so
 completions run to the token budget; or `--model DIR`), the prompts of every step and their
@@ -154,8 +157,8 @@ def trl_rows(job: Job) -> list[dict[str, str]]:
     ]
 
 
-def run_ours(job: Job, cfg: Path, run_dir: Path, scheduler: str) -> dict[str, Any]:
-    out = train_run(cfg, run_dir, scheduler)
+def run_ours(job: Job, cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[str, Any]:
+    out = train_run(cfg, run_dir, scheduler, **params)
     per_step = out["per_step"]
     samples = job.prompts * job.group
     return {
@@ -230,7 +233,13 @@ def clusters(before: bool, colocated: bool) -> Iterator[dict[str, str]]:
         yield out
 
 
-def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, str],
+# an extra arm of ours: one step of staleness (a different algorithm from TRL's on-policy
+# GRPO: step k samples with step k-1's weights, so rollout overlaps the previous training)
+ASYNC = {"mode": "async", "staleness": 1}
+
+
+def measure_job(job: Job, model: str, work: Path, repeats: int,
+                ours: dict[str, tuple[str, dict[str, Any]]],
                 backends: list[str]) -> dict[str, Any]:  # fmt: skip
     """One size: every arm `repeats` times, interleaved (ours, TRL, ours, TRL, ...)."""
     cfg = meg_config(job, model, work)
@@ -239,8 +248,9 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
     }
     errors: dict[str, str] = {}
     for r in range(repeats):
-        for arm, address in ours.items():
-            runs[arm].append(run_ours(job, cfg, work / f"{arm}-{job.label}-{r}", address))
+        for arm, (address, params) in ours.items():
+            run_dir = work / f"{arm}-{job.label}-{r}"
+            runs[arm].append(run_ours(job, cfg, run_dir, address, **params))
         for b in backends:
             if b not in errors:
                 try:
@@ -259,6 +269,8 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
         **arms,
         "trl_errors": errors,
     }
+    if "ours-async-1" in arms:
+        out["trl_over_async"] = round(t["step_s"] / arms["ours-async-1"]["step_s"], 3)
     if "ours-colocated" in arms:
         out["trl_over_colocated"] = round(t["step_s"] / arms["ours-colocated"]["step_s"], 3)
     if "ours-dask-malloc" in arms:  # > 1: the change made our step faster
@@ -268,10 +280,13 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
 
 def measure(
     jobs: list[Job], model: str, work: Path, repeats: int, trl_vllm: bool, before: bool,
-    colocated: bool,
+    colocated: bool, stale: bool,
 ) -> dict[str, Any]:  # fmt: skip
     backends = ["transformers"] + (["vllm-colocate"] if trl_vllm else [])
-    with prefect_api(), clusters(before, colocated) as ours:
+    with prefect_api(), clusters(before, colocated) as addresses:
+        ours: dict[str, tuple[str, dict[str, Any]]] = {a: (ad, {}) for a, ad in addresses.items()}
+        if stale:
+            ours["ours-async-1"] = (addresses["ours"], ASYNC)
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
 
@@ -283,11 +298,12 @@ def run(
     trl_vllm: bool = False,
     before: bool = False,
     colocated: bool = False,
+    stale: bool = False,
 ) -> dict[str, Any]:
     """Every size, both frameworks interleaved; the headline is the largest size's ratio."""
     import trl
 
-    sizes = measure(jobs, model, work, repeats, trl_vllm, before, colocated)
+    sizes = measure(jobs, model, work, repeats, trl_vllm, before, colocated, stale)
     largest = max(jobs, key=lambda j: j.prompts * j.group * j.max_tokens).label
     return {
         "date": str(date.today()),
@@ -306,6 +322,7 @@ def run(
                 if colocated
                 else {}
             ),
+            **({"ours-async-1": "ours in async mode, staleness 1 (off-policy)"} if stale else {}),
         },
         "sizes": sizes,
         "largest": largest,
@@ -364,6 +381,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also ours on one colocated worker with every core (default: on, off with --small)",
     )
     ap.add_argument(
+        "--async-arm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also ours in async mode, staleness 1 (default: on, off with --small)",
+    )
+    ap.add_argument(
         "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
     )
     a = ap.parse_args(argv)
@@ -377,7 +400,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = str(build_tiny_model(Path(tmp) / "tiny"))
         before = not a.small if a.before is None else a.before
         colocated = not a.small if a.colocated is None else a.colocated
-        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before, colocated)
+        stale = not a.small if a.async_arm is None else a.async_arm
+        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before, colocated, stale)
     render_table(results)
     if a.json:
         write_results(results, a.json)
