@@ -53,6 +53,15 @@ def _hosted(scheduler: str) -> dict[str, dict[str, int]]:
         return client.run(hosted_agents)
 
 
+def _engine_counts() -> tuple[int, int, int]:
+    """(live vLLM backends, parked engines, vLLM hosts) of this worker process."""
+    from engines.rollout import hosts
+    from engines.rollout.vllm_engines import ENGINES
+
+    vllm = sum(h.backend_name == "vllm" for h in hosts._HOSTS.values())
+    return ENGINES.live, len(ENGINES.parked), vllm
+
+
 @pytest.mark.parametrize("workload", sorted(CASES))
 @pytest.mark.parametrize(("mode", "staleness"), [("flex", 0), ("async", 1)])
 def test_adapters_on_one_base_train_end_to_end(
@@ -88,6 +97,14 @@ def test_adapters_on_one_base_train_end_to_end(
         if key.startswith(f"{out['run_id']}/")
     }
     assert run_hosts == units
+    # the session cluster served earlier runs: their engines were shut down when this run
+    # dropped their hosts, so a worker holds exactly this run's engines (nothing parked)
+    from distributed import Client
+
+    with Client(cluster) as client:
+        counts = client.run(_engine_counts)
+    assert all(live == hosts and parked == 0 for live, parked, hosts in counts.values())
+    assert sum(hosts for _, _, hosts in counts.values()) == len(units)
     state = StateStore(f"{out['store_url'].rstrip('/')}/{out['run_id']}/_state")
     for agent in spec_agents:
         log = store.table(agent).consumption_log()
