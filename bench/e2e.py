@@ -42,7 +42,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import train_run, write_results
+from bench.common import cpu_model, train_run, write_results
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
@@ -183,6 +183,7 @@ def run(
         "date": str(date.today()),
         "machine": platform.node(),
         "cpus": __import__("os").cpu_count(),
+        "cpu": cpu_model(),
         "steps": steps,
         "episodes_per_step": episodes,
         "repeats": repeats,

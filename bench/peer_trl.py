@@ -65,7 +65,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import train_run, write_results
+from bench.common import cpu_model, train_run, write_results
 from bench.e2e import steady_state
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
 from meg.spec import DatasetSpec
@@ -309,6 +309,7 @@ def run(
         "date": str(date.today()),
         "machine": platform.node(),
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "trl_version": trl.__version__,
         "model": model,
         "repeats": repeats,

@@ -17,6 +17,7 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
     out = tmp_path / "e2e.json"
     res = main(["--small", "--workloads", "math-chain", "--json", str(out)])
     assert json.loads(out.read_text()) == res
+    assert res["cpu"] and "(" in res["cpu"]  # the processor and its vector extensions
     r = res["workloads"]["math-chain"]
     assert set(r["arms"]) == set(ARMS)
     for arm in r["arms"].values():

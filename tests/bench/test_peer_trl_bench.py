@@ -18,6 +18,7 @@ def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
     # without `--before`: its extra arm (the cluster with Dask's malloc setting) cost ~35 s
     res = main(["--small", "--no-trl-vllm", "--json", str(out)])
     assert json.loads(out.read_text()) == res
+    assert res["cpu"] and "(" in res["cpu"]  # the processor and its vector extensions
     (label,) = res["sizes"]
     assert res["largest"] == label and res["trl_over_ours"] == res["sizes"][label]["trl_over_ours"]
     s = res["sizes"][label]
