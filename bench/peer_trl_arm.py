@@ -5,8 +5,9 @@
 `bench.peer_trl` writes JOB.json (the shared job, the model, the prompts of every step, the
 generation backend) and reads OUT.json (per-step wall times, rewards, completion lengths).
 This is the only module of the project that imports TRL (the `bench` extra); it runs in its
-own process so that TRL gets the machine's cores for torch (the driver of our arm has set
-`OMP_NUM_THREADS` for its Dask workers) and a clean memory reading.
+own process so that TRL gets the machine's cores for torch (`bench.peer_trl.run_trl` sets
+both thread variables: our clusters' nannies left `MKL_NUM_THREADS=1` in the driver's
+environment) and a clean memory reading.
 
 The reward is the project's own registered reward function (`workloads.rewards`), called
 with the same `SampleView`/`TaskItem` values our scoring task builds.

@@ -287,13 +287,10 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     cluster = None
     if cfg.scheduler:
         address, expected = cfg.scheduler, 1  # then both roles: `wait_for_roles`
-    else:
-        n = len(roles(cfg))
-        # each worker gets an equal share of the cores for torch/OpenMP
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    else:  # one torch thread per worker (Dask's pre-spawn environment) unless `cfg.threads`
         keep_malloc_defaults()
         cluster = _start_local(cfg)
-        address, expected = cluster.scheduler_address, n
+        address, expected = cluster.scheduler_address, len(roles(cfg))
     try:
         with Client(address) as client:
             client.wait_for_workers(expected, timeout=120)

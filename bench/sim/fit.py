@@ -214,8 +214,8 @@ def step_fit_cores(
 
     res = json.loads(e2e_json.read_text())
     specs, sizes = e2e_specs(e2e_json)
-    keys = {f for f in (x.name for x in dataclasses.fields(CPU_HERE)) if f in fitted}
-    base = dataclasses.replace(CPU_HERE, **{k: float(fitted[k]) for k in keys})
+    fields = (f.name for f in dataclasses.fields(CPU_HERE))
+    base = dataclasses.replace(CPU_HERE, **{k: float(fitted[k]) for k in fields if k in fitted})
 
     def errors_at(cores: float) -> list[float]:
         costs = LinearCosts(dataclasses.replace(base, cores=cores))

@@ -25,7 +25,7 @@ def test_workers_keep_glibc_malloc_defaults(cluster: str) -> None:
     assert len(seen) == 2
     for env in seen.values():
         assert env["MALLOC_TRIM_THRESHOLD_"] == os.environ.get("MALLOC_TRIM_THRESHOLD_")
-        assert env["OMP_NUM_THREADS"] is not None  # the per-worker share of the cores stays
+        assert env["OMP_NUM_THREADS"] is not None  # Dask's pre-spawn value: one thread
 
 
 def test_only_the_malloc_setting_leaves_the_nanny_environment() -> None:
