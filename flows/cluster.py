@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ROLLOUT, TRAIN = "rollout", "train"
 
 
 class ClusterConfig(BaseModel):
@@ -50,6 +52,26 @@ class ClusterConfig(BaseModel):
         description="torch threads of each local worker (default 1: the workers share the "
         "cores; one colocated worker may take them all)",
     )
+    train_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads of each local training worker (default: threads). An "
+        "on-policy job's training waits for its rollout, so the trainer may take every core "
+        "while one rollout worker per core generates (docs/peers.md)",
+    )
+
+    @model_validator(mode="after")
+    def _train_threads_need_training_workers(self) -> ClusterConfig:
+        if self.train_threads is not None and self.colocate:
+            raise ValueError(
+                "train_threads sets the threads of training workers, and a colocated "
+                "cluster has none of its own: use threads"
+            )
+        return self
+
+    def threads_of(self, role: str) -> int | None:
+        """Torch threads of a local worker of `role` (None: Dask's one thread)."""
+        return self.train_threads or self.threads if role == TRAIN else self.threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +176,6 @@ def _import(dotted: str) -> Any:
         raise ValueError(f"cannot import cluster class {dotted!r}: {e}") from None
 
 
-ROLLOUT, TRAIN = "rollout", "train"
-
-
 def roles(cfg: ClusterConfig) -> dict[str, dict[str, float]]:
     """Worker name → Dask resources: its role(s) plus one resource named after itself.
 
@@ -213,8 +232,9 @@ def _start_local(cfg: ClusterConfig) -> Any:
     for name, resources in roles(cfg).items():
         spec = copy.deepcopy(cluster.new_spec)
         spec["options"] = {**spec["options"], "resources": resources, "name": name}
-        if cfg.threads:
-            spec["options"]["env"] = thread_env(cfg.threads)
+        threads = cfg.threads_of(ROLLOUT if ROLLOUT in resources else TRAIN)  # colocated: rollout
+        if threads:
+            spec["options"]["env"] = thread_env(threads)
         cluster.worker_spec[name] = spec
     cluster.scale(len(cluster.worker_spec))
     return cluster
@@ -273,6 +293,8 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     """Start (or join) the cluster and yield the worker roles; closes what it started."""
     from distributed import Client
 
+    from flows.threads import TorchThreads
+
     os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
     # this process's dask config was read at import, before the lines above, and a local
     # cluster's nannies hand it to their workers, over the workers' own environment: apply
@@ -287,7 +309,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     cluster = None
     if cfg.scheduler:
         address, expected = cfg.scheduler, 1  # then both roles: `wait_for_roles`
-    else:  # one torch thread per worker (Dask's pre-spawn environment) unless `cfg.threads`
+    else:  # one torch thread per worker (Dask's pre-spawn environment) unless set
         keep_malloc_defaults()
         cluster = _start_local(cfg)
         address, expected = cluster.scheduler_address, len(roles(cfg))
@@ -295,6 +317,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
         with Client(address) as client:
             client.wait_for_workers(expected, timeout=120)
             workers = wait_for_roles(client, address, timeout=120)
+            client.register_plugin(TorchThreads())  # before any task imports torch's pool
             client.run(warm_up)  # all workers import the stack at once, not in the first task
         yield workers
     finally:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.peer_trl import Job, main, parse_sizes, trl_rows
+from bench.peer_job import Job, parse_sizes, trl_rows
+from bench.peer_trl import main
 
 pytestmark = pytest.mark.slow
 

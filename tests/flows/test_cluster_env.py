@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from distributed import Client
 from distributed.nanny import _get_env_variables
+from pydantic import ValidationError
 
 from flows.cluster import keep_malloc_defaults
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _malloc_env() -> dict[str, str | None]:
@@ -61,3 +67,51 @@ def test_threads_reach_torch_and_one_colocated_worker_can_be_joined(cluster: str
         # a run joining it waits for both roles, not for two workers: one colocated is enough
         with dask_cluster(ClusterConfig(scheduler=workers.address)) as joined:
             assert joined.rollout == joined.train == ("worker-0",)
+
+
+# a driver whose main module imports torch before it starts the cluster: Dask spawns the
+# workers, a spawned process imports the main module before its nanny applies `env`, so
+# their torch read the pre-spawn OMP_NUM_THREADS=1 (what `python -m bench.peer_trl` did)
+TORCH_FIRST_DRIVER = """
+import json, sys
+import torch  # noqa: F401  (first, as a benchmark's main module does)
+from distributed import Client
+from flows.cluster import ClusterConfig, dask_cluster
+
+def threads():
+    import torch
+    return torch.get_num_threads()
+
+if __name__ == "__main__":
+    with dask_cluster(ClusterConfig(train_threads=2)) as workers:
+        with Client(workers.address) as client:
+            names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+            seen = client.run(threads)
+    json.dump({names[a]: n for a, n in seen.items()}, sys.stdout)
+"""
+
+
+def test_threads_reach_torch_when_the_driver_imported_it_first(tmp_path: Path) -> None:
+    """`train_threads` gives the training worker its threads and leaves the rollout
+    worker's at one, even when the driver's main module imported torch first
+    (flows.threads.TorchThreads)."""
+    script = tmp_path / "driver.py"
+    script.write_text(TORCH_FIRST_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"rollout-0": 1, "train-0": min(2, len(os.sched_getaffinity(0)))}
+
+
+def test_train_threads_config() -> None:
+    from flows.cluster import ROLLOUT, TRAIN, ClusterConfig
+
+    cfg = ClusterConfig(threads=3, train_threads=2)
+    assert (cfg.threads_of(ROLLOUT), cfg.threads_of(TRAIN)) == (3, 2)
+    assert ClusterConfig(threads=3).threads_of(TRAIN) == 3  # the default follows `threads`
+    assert ClusterConfig().threads_of(TRAIN) is None  # Dask's one thread
+    with pytest.raises(ValidationError, match="colocated cluster has none of its own"):
+        ClusterConfig(colocate=True, train_threads=2)
