@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from engines.model_files import local_dir
+from meg.sharing import weight_units
 from storage.state import Host, StateStore
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -145,21 +146,58 @@ def host_of(ctx: RunContext, agent: str) -> Any:
 
     Hosts are keyed by run: a long-lived cluster (tests, a deployment's Dask cluster) serves
     run after run, and a host still holding another run's weights must never serve this one.
-    Hosts of other runs are dropped when a new run first asks, so memory does not grow."""
-    from engines.rollout.base import AdapterServing
-    from engines.rollout.hosts import drop_host, get_host, hosted_agents
-    from meg.sharing import weight_units
+    When a new run first asks, the other runs' hosts are handed over (`hand_over_hosts`)."""
+    from engines.rollout.hosts import get_host
 
     unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
-    key = f"{ctx.run_id}/{unit.name}"
-    for other in hosted_agents():
-        if not other.startswith(f"{ctx.run_id}/"):
-            drop_host(other)
+    hand_over_hosts(ctx)
+    key, backend, model, opts = _host_args(ctx, unit)
+    return get_host(key, backend, model, **opts)
+
+
+def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any]]:
+    """(host key, backend, local model dir, backend options) of a weight unit's engine."""
+    from engines.rollout.base import AdapterServing
+
     opts: dict[str, Any] = {"dtype": unit.dtype}
     if unit.lora:
         ranks = [lora.r for a in unit.agents if (lora := ctx.spec.agents[a].lora) is not None]
         opts["adapters"] = AdapterServing(len(unit.agents), max(ranks))
-    return get_host(key, unit.backend, local_dir(unit.model), **opts)
+    return f"{ctx.run_id}/{unit.name}", unit.backend, local_dir(unit.model), opts
+
+
+_HAND_OVER = threading.Lock()
+
+
+def hand_over_hosts(ctx: RunContext) -> None:
+    """Give other runs' hosts to this run, or close them all, so memory does not grow.
+
+    If every engine the worker holds for other runs was built for the same model, backend
+    and options as one of this run's weight units, each is reset to the model's own weights
+    and serves that unit (`hosts.adopt_host`): building them again would cost seconds on a
+    CPU and tens of seconds on a GPU. Otherwise all of them are closed. Not some: vLLM
+    engines of one process share global state, so an engine closed while another lives is
+    parked until the last one goes (`vllm_engines`), and beside adopted engines that never
+    happens on a long-lived worker (seen: parked engines piling up run after run)."""
+    from engines.rollout.hosts import adopt_host, drop_host, host_specs
+
+    with _HAND_OVER:
+        specs = host_specs()
+        others = {k: v for k, v in specs.items() if not k.startswith(f"{ctx.run_id}/")}
+        if not others:
+            return
+        plan: dict[str, tuple[str, str, str, dict[str, Any]]] = {}  # old key → new host
+        for unit in weight_units(ctx.spec):
+            args = _host_args(ctx, unit)
+            old = next((k for k, v in others.items() if k not in plan and v == args[1:]), None)
+            if old is not None:
+                plan[old] = args
+        if len(plan) == len(others) and all(
+            adopt_host(old, *args[:3], **args[3]) is not None for old, args in plan.items()
+        ):
+            return
+        for key in host_specs():  # a failed reset too: this run's adopted ones with them
+            drop_host(key)
 
 
 def forget_other_runs(run_id: str) -> None:

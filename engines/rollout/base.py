@@ -200,6 +200,12 @@ class RolloutBackend(Protocol):
         """Replace all weights in place (HF parameter names); `version` must increase."""
         ...
 
+    def reset(self) -> None:
+        """Back to the state of an engine just built from `model_path`: the directory's own
+        weights as version 0, no adapters, nothing cached from earlier prompts. How a
+        long-lived worker hands one run's engine to the next (`hosts.adopt_host`)."""
+        ...
+
     def max_context(self) -> int: ...
 
 
@@ -264,6 +270,16 @@ def check_prompts(prompts: Sequence[Sequence[int]], context: int, vocab: int) ->
 def budget(prompt_len: int, params: SamplingParams, context: int) -> int:
     """New tokens allowed for one prompt: max_tokens, capped by what the context leaves."""
     return min(params.max_tokens, context - prompt_len)
+
+
+def base_weights(model_dir: str | Path) -> dict[str, Tensor]:
+    """The weights a model directory holds (every `*.safetensors` shard), by HF name."""
+    from safetensors.torch import load_file
+
+    out: dict[str, Tensor] = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        out |= load_file(str(f))
+    return out
 
 
 def check_weights(

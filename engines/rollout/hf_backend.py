@@ -33,6 +33,7 @@ from engines.rollout.base import (
     Cut,
     CutTracker,
     SamplingParams,
+    base_weights,
     budget,
     check_model_dir,
     check_prompts,
@@ -200,9 +201,24 @@ class HFBackend:
         sd = self.model.state_dict()
         names = checkpoint_names(self.model)  # a tied alias follows its source
         check_weights(tensors, {k: tuple(sd[k].shape) for k in names}, self.version, version)
+        self._copy(tensors, names)
+        self.version = version
+
+    def reset(self) -> None:
+        """Adapters removed (the plain model back), the directory's weights copied in if an
+        update replaced them. There is no cache between calls to empty."""
+        if self._peft is not None:
+            for name in list(self._peft.peft_config):
+                self.remove_adapter(name)
+        if self.version != 0:
+            self._copy(base_weights(self.model_path), checkpoint_names(self.model))
+            self.version = 0
+
+    @torch.no_grad()
+    def _copy(self, tensors: dict[str, Tensor], names: list[str]) -> None:
+        sd = self.model.state_dict()
         for k in names:
             sd[k].copy_(tensors[k].to(device=sd[k].device, dtype=sd[k].dtype))
-        self.version = version
 
     # ---- LoRA adapters ----------------------------------------------------------------------
     @contextmanager

@@ -58,6 +58,7 @@ class Host:
     opts: dict[str, Any]
     backend: RolloutBackend
     loads: int = 1  # how many times this process built the backend for this agent
+    adopted: bool = False  # the backend came from another run's host (`adopt_host`)
     outstanding_tokens: int = 0
     crashed: bool = False
     latest: tuple[int, WeightsLoader] | None = None  # last version asked for + its loader
@@ -220,10 +221,59 @@ def drop_host(agent: str) -> bool:
         return False
     with host._lock:
         host.crashed = True
-        close = getattr(host.backend, "close", None)
-        if close is not None:
-            close()
+        _close(host)
     return True
+
+
+def _close(host: Host) -> None:
+    """Release the backend's engine now, if it has one to release (vLLM's `close`)."""
+    close = getattr(host.backend, "close", None)
+    if close is not None:
+        close()
+
+
+def adopt_host(old: str, new: str, backend: str, model_path: str, **opts: Any) -> Host | None:
+    """Hand `old`'s host to `new` if it is the very engine `new` would build (same backend,
+    model and options): reset to the model's own weights (`RolloutBackend.reset`) and
+    registered under `new`, instead of shut down and built again. None if it is not, or if
+    there is no such host.
+
+    Why: a long-lived worker (a deployment's cluster, the test suite's) serves run after
+    run; building a vLLM engine costs seconds on a CPU and tens of seconds on a GPU, and
+    shutting one down about a second. What a run must never see is the earlier run's
+    weights, adapters or cached prefixes, and the reset removes all three. The old host is
+    marked crashed, so a task of the old run that still holds it gets `HostCrashedError`."""
+    with _REGISTRY_LOCK:
+        host = _HOSTS.get(old)
+        same = host is not None and (host.backend_name, host.model_path, host.opts) == (
+            backend,
+            model_path,
+            opts,
+        )
+        if host is None or not same or host.crashed or new in _HOSTS:
+            return None
+        del _HOSTS[old]
+    with host._lock:
+        host.crashed = True
+        try:
+            host.backend.reset()
+        except Exception:  # a broken engine is no gift: release it, let `new` build its own
+            _close(host)
+            return None
+    fresh = type(host)(new, backend, model_path, dict(opts), host.backend)
+    fresh.adopted = True
+    with _REGISTRY_LOCK:
+        raced = _HOSTS.setdefault(new, fresh)
+    if raced is not fresh:  # a task built `new`'s host meanwhile: keep one engine, not two
+        _close(host)
+    return raced
+
+
+def host_specs() -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """agent → (backend, model path, options) of every host of this process: what
+    `adopt_host` compares."""
+    with _REGISTRY_LOCK:
+        return {a: (h.backend_name, h.model_path, dict(h.opts)) for a, h in _HOSTS.items()}
 
 
 def hosted_agents() -> dict[str, int]:

@@ -73,6 +73,7 @@ from engines.rollout.base import (
     HostCrashedError,
     RolloutError,
     SamplingParams,
+    base_weights,
     budget,
     check_model_dir,
     check_prompts,
@@ -337,6 +338,20 @@ class VLLMBackend:
 
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:
         check_weights(tensors, self._shapes, self.version, version)
+        self._reload(tensors)
+        self.version = version
+
+    def reset(self) -> None:
+        """Adapters removed, the directory's weights reloaded if an update replaced them,
+        the prefix cache emptied: what a new engine would hold, without building one."""
+        for name in list(self._loras):
+            self.remove_adapter(name)
+        if self.version != 0:
+            self._reload(base_weights(self.model_path))
+            self.version = 0
+        self.llm.reset_prefix_cache()
+
+    def _reload(self, tensors: dict[str, Tensor]) -> None:
         # sorted: each layer's tensors arrive together, so vLLM's layerwise reload
         # processes a layer as soon as it is complete instead of buffering several
         full = tensors | {alias: tensors[src] for alias, src in self._aliases.items()}
@@ -346,7 +361,6 @@ class VLLMBackend:
             "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
-        self.version = version
 
     # ---- LoRA adapters ----------------------------------------------------------------------
     def _lora(self, name: str) -> Any:

@@ -97,8 +97,9 @@ def test_adapters_on_one_base_train_end_to_end(
         if key.startswith(f"{out['run_id']}/")
     }
     assert run_hosts == units
-    # the session cluster served earlier runs: their engines were shut down when this run
-    # dropped their hosts, so a worker holds exactly this run's engines (nothing parked)
+    # the session cluster served earlier runs: this run took over the engines it could use
+    # (reset) and shut the others down, so a worker holds exactly this run's engines
+    # (nothing parked)
     from distributed import Client
 
     with Client(cluster) as client:

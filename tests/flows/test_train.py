@@ -275,3 +275,51 @@ def test_a_config_at_the_limits_passes_the_checks_and_runs(
     assert len(total) and total.max() <= 512  # prompt + response within the context
     assert (np.diff(rows.response_offsets) > 32).any()  # not cut at the default max_tokens
     assert latest_checkpoint(f"{out['store_url']}/{out['run_id']}/_checkpoints/verifier")
+
+
+def _run_hosts(run_id: str) -> dict[str, tuple[str, bool, int]]:
+    """This worker's hosts of `run_id`: key → (backend, adopted, loaded version)."""
+    from engines.rollout import hosts
+
+    return {
+        k: (h.backend_name, h.adopted, h.version)
+        for k, h in hosts._HOSTS.items()
+        if k.startswith(f"{run_id}/")
+    }
+
+
+def _samples(out: dict[str, Any], agent: str) -> tuple[list[Any], np.ndarray]:
+    """(response ids, behaviour logprobs) of every row of `agent`, in sample-id order."""
+    rows = MEGStore.open(out["store_url"], out["run_id"], create=False).table(agent).read()
+    order = np.argsort(rows.sample_id, kind="stable")
+    offsets = rows.response_offsets
+    ids = [rows.response_ids[offsets[i] : offsets[i + 1]].tolist() for i in order]
+    lps = np.concatenate([rows.logprobs[offsets[i] : offsets[i + 1]] for i in order])
+    return ids, lps
+
+
+def test_the_next_run_reuses_the_engines_reset_to_the_model(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """A long-lived cluster hands a finished run's engines to the next run of the same
+    models (tasks.worker.hand_over_hosts), reset to the model directory's weights: the
+    second run samples exactly what the first did (same seed), although the engines it gets
+    held the first run's trained weights."""
+    from distributed import Client
+
+    first = run_mode(tmp_path / "a", tiny_model, cluster, "sync")
+    second = run_mode(tmp_path / "b", tiny_model, cluster, "sync")
+    with Client(cluster) as client:
+        seen = client.run(_run_hosts, second["run_id"])
+        old = client.run(_run_hosts, first["run_id"])
+    hosts = {k: v for per_worker in seen.values() for k, v in per_worker.items()}
+    assert set(hosts) == {f"{second['run_id']}/{a}" for a in ("solver", "verifier")}
+    assert all(adopted for _, adopted, _ in hosts.values())  # no engine was built again
+    # and they served the run on: its last step (2) sampled with the weights of version 2
+    assert all(version == 2 for _, _, version in hosts.values())
+    assert not any(old.values())  # the first run's keys are gone
+    for agent in ("solver", "verifier"):
+        ids_a, lps_a = _samples(first, agent)
+        ids_b, lps_b = _samples(second, agent)
+        assert ids_a == ids_b, agent
+        np.testing.assert_allclose(lps_a, lps_b, rtol=0, atol=1e-5, err_msg=agent)

@@ -201,3 +201,24 @@ def test_every_family_serves_adapters_like_the_merged_model(
     got = _tokens(engine, "a@v2")
     assert got == _merged_tokens(merged)
     assert got != _tokens(engine)  # and differs from the base: the adapter is applied
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_reset_leaves_no_adapter_behind(
+    name: str, tiny_model_dir: Path, adapters: dict[str, Any]
+) -> None:
+    """An engine handed to the next run (`RolloutBackend.reset`) serves the base alone: the
+    earlier run's adapters are gone, and the names can be loaded again."""
+    engine = make_backend(name, tiny_model_dir, adapters=AdapterServing(2, 8))
+    _KEEP.append(engine)
+    base = _tokens(engine)
+    tensors, config, _ = adapters["a1"]
+    engine.load_adapter("a1@v1", tensors, config)
+    adapted = _tokens(engine, "a1@v1")
+    assert adapted != base
+    engine.reset()
+    with pytest.raises(AdapterError, match="not loaded"):
+        engine.generate(PROMPTS, GREEDY, adapter="a1@v1")
+    assert _tokens(engine) == base
+    engine.load_adapter("a1@v1", tensors, config)  # the name is free again
+    assert _tokens(engine, "a1@v1") == adapted

@@ -121,3 +121,36 @@ def test_tasks_on_one_worker_share_one_loaded_model(
         c = client.submit(task, 1, pure=False).result()
         assert c[0] != a[0]
         assert (c[2], c[3], c[4]) == (1, 1, 1)  # reloaded once, latest weights re-applied
+
+
+def test_adopt_host_hands_an_engine_to_the_next_run_reset_to_its_model(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    """What a long-lived worker does when a new run starts (tasks.worker.hand_over_hosts):
+    the same engine, back to the model directory's weights, under the new run's key."""
+    from engines.rollout.hosts import adopt_host
+
+    model, params = str(tiny_model_dir), SamplingParams(n=2, max_tokens=6, seed=3)
+    prompts = [[1, 40, 41], [1, 50]]
+    for key in ("r1/solver", "r2/solver", "r3/solver"):
+        drop_host(key)
+    old = get_host("r1/solver", "hf", model)
+    base = old.generate(prompts, params)
+    old.ensure_version(4, weights_of(tiny_model_dir_b))
+    assert old.generate(prompts, params) != base  # the run trained it elsewhere
+
+    assert adopt_host("r1/solver", "r2/solver", "hf", model, dtype="bfloat16") is None
+    assert adopt_host("missing/solver", "r2/solver", "hf", model) is None
+    assert "r1/solver" in hosted_agents()  # a mismatch leaves the host where it was
+
+    new = adopt_host("r1/solver", "r2/solver", "hf", model)
+    assert new is not None and new.backend is old.backend and new.adopted
+    assert new.version == 0 and new.latest is None
+    assert hosted_agents().get("r1/solver") is None and hosted_agents()["r2/solver"] == 0
+    assert new.generate(prompts, params) == base  # the model's own weights again
+    with pytest.raises(HostCrashedError, match="dropped"):  # the old run's key serves nothing
+        old.generate(prompts, params)
+    assert new.ensure_version(1, weights_of(tiny_model_dir_b)) is True  # versions restart
+    assert get_host("r2/solver", "hf", model) is new
+    assert adopt_host("r2/solver", "r2/solver", "hf", model) is None  # the key is taken
+    drop_host("r2/solver")
