@@ -42,6 +42,14 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", help="the address to listen on (this host's, reachable by all)")
     p.add_argument("--memory-limit", help="e.g. 16GB (default: Dask's, the machine's RAM)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads of the worker process (default: OMP_NUM_THREADS and "
+        "MKL_NUM_THREADS if this shell sets them, else 1; a training worker alone on its "
+        "host may take every core)",
+    )
     for flag, what in (("ca-file", "the CA"), ("cert", "this worker's certificate"),
                        ("key", "this worker's private key")):  # fmt: skip
         p.add_argument(f"--tls-{flag}", help=f"PEM file of {what}: TLS to the scheduler")
@@ -53,17 +61,20 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     _worker_args,
 )
 def worker_cmd(args: argparse.Namespace) -> int:
-    """Replaces this process with `dask worker` (one thread: tasks own the cores they use)
-    in the environment every worker of a run needs (flows.cluster.worker_env), its worker
-    processes keeping glibc's malloc defaults as a local cluster's do."""
+    """Replaces this process with `dask worker` (one task at a time: tasks own the cores
+    they use; its torch on `--threads`) in the environment every worker of a run needs
+    (flows.cluster.worker_env), its worker processes keeping glibc's malloc defaults as a
+    local cluster's do."""
     import os
     import sys
 
-    from flows.cluster import ROLLOUT, TRAIN, worker_env
+    from flows.cluster import ROLLOUT, TRAIN, thread_env, worker_env
     from flows.run import RunError
 
     if args.name in (ROLLOUT, TRAIN):
         raise RunError(f"--name {args.name!r} is a role; name the worker after its host")
+    if args.threads is not None and args.threads < 1:
+        raise RunError(f"--threads must be at least 1, got {args.threads}")
     roles = {"rollout": [ROLLOUT], "train": [TRAIN], "both": [ROLLOUT, TRAIN]}[args.role]
     # a resource named after the worker: the run pins its tasks to that name, not to an
     # address, so a replacement started with the same name (on any host) takes them over
@@ -79,5 +90,8 @@ def worker_cmd(args: argparse.Namespace) -> int:
         argv += ["--protocol", "tls"]
     argv += ["--no-dashboard"]
     sys.stdout.flush()
-    os.execve(sys.executable, argv, {**worker_env(), **os.environ})
+    # Dask's nanny gives its workers OMP/MKL_NUM_THREADS=1 unless its own environment has
+    # them (its pre-spawn settings yield to the OS environment): `--threads` sets both here
+    threads = thread_env(args.threads) if args.threads is not None else {}
+    os.execve(sys.executable, argv, {**worker_env(), **os.environ, **threads})
     return 0  # pragma: no cover - execve does not return
