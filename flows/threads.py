@@ -14,7 +14,9 @@ def worker_threads() -> int | None:
     n = os.environ.get("OMP_NUM_THREADS", "")
     if not n.isdigit() or int(n) < 1:
         return None
-    return min(int(n), len(os.sched_getaffinity(0)))
+    usable = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
+    cores = len(usable(0)) if usable is not None else (os.cpu_count() or 1)
+    return min(int(n), cores)
 
 
 class TorchThreads(WorkerPlugin):

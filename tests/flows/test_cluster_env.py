@@ -86,7 +86,8 @@ if __name__ == "__main__":
     with dask_cluster(ClusterConfig(train_threads=2)) as workers:
         with Client(workers.address) as client:
             names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
-            seen = client.run(threads)
+            # in a task, on the worker's task thread: where training runs
+            seen = {a: client.submit(threads, workers=[a], pure=False).result() for a in names}
     json.dump({names[a]: n for a, n in seen.items()}, sys.stdout)
 """
 
