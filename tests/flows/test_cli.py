@@ -182,3 +182,39 @@ def test_a_worker_named_after_a_role_is_refused(capsys: pytest.CaptureFixture[st
     """Its name is also its pinning resource: named `train`, it would pin nothing."""
     assert main(["worker", "tcp://127.0.0.1:9", "--role", "train", "--name", "train"]) == 2
     assert "--name 'train' is a role" in capsys.readouterr().err
+
+
+def test_layout_hint_only_for_one_agent_on_policy_on_the_default_local_cluster() -> None:
+    from flows.cluster import ClusterConfig, layout_hint
+
+    hint = layout_hint(1, "flex", 2, ClusterConfig(), 2)
+    assert hint is not None and "`--rollout-workers 2 --train-threads 2`" in hint
+    assert "--micro-batches 4" in (layout_hint(1, "sync", 2, ClusterConfig(), 4) or "")
+    for args in (
+        (2, "flex", 2, ClusterConfig(), 2),  # several agents keep both workers busy
+        (1, "async", 2, ClusterConfig(), 2),  # so does async mode
+        (1, "flex", 2, ClusterConfig(), 1),  # one core: nothing to spread
+        (1, "flex", 2, ClusterConfig(scheduler="tcp://127.0.0.1:1"), 2),  # not ours to lay out
+        (1, "flex", 2, ClusterConfig(colocate=True), 2),
+        (1, "flex", 2, ClusterConfig(rollout_workers=2), 2),  # the user chose already
+        (1, "flex", 2, ClusterConfig(train_threads=2), 2),
+    ):
+        assert layout_hint(*args) is None, args
+
+
+def test_train_prints_the_hint_for_a_one_agent_config(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.peer_job import Job, meg_config
+    from flows.cli import build_parser
+    from flows.commands import train_hint, train_params
+    from tests.flows.conftest import write_config
+
+    one_agent = meg_config(Job(2, 2, 4, 1), tiny_model, tmp_path)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    parse = build_parser().parse_args
+    hint = train_hint(train_params(parse(["train", str(one_agent)])))
+    assert hint is not None and "--rollout-workers 4 --train-threads 4 --micro-batches 4" in hint
+    assert train_hint(train_params(parse(["train", str(one_agent), "--mode", "async"]))) is None
+    two_agents = write_config(tmp_path / "chain", tiny_model)  # math-chain on the tiny model
+    assert train_hint(train_params(parse(["train", str(two_agents)]))) is None
