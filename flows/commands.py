@@ -204,16 +204,12 @@ def train_params(args: argparse.Namespace) -> Any:
     return model_from_args(TrainParams, args)
 
 
-def train_hint(params: Any) -> str | None:
-    """`flows.cluster.layout_hint` for a new run (a resumed one keeps its layout)."""
+def train_hint(params: Any, spec: Any) -> str | None:
+    """`flows.cluster.layout_hint` for a new run of `spec` (a resumed one keeps its layout)."""
     import os
 
     from flows.cluster import layout_hint
-    from flows.config import load_config
 
-    if params.resume:
-        return None
-    spec = load_config(params.config)
     mode = params.mode or spec.run.mode
     micro_batches = params.micro_batches or spec.run.micro_batches
     return layout_hint(len(spec.agents), mode, micro_batches, params.cluster, os.cpu_count() or 1)
@@ -232,8 +228,8 @@ def train_cmd(args: argparse.Namespace) -> int:
         params = train_params(args)
     except ValidationError as e:
         raise option_error(e) from None
-    check(params)  # user mistakes: one paragraph, exit 2, before anything starts
-    if hint := train_hint(params):
+    spec = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
+    if spec is not None and (hint := train_hint(params, spec)):
         print(hint)
     with prefect_api() as url:
         print(f"Prefect API: {url}")

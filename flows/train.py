@@ -31,6 +31,7 @@ from flows.reach import check_reachable
 from flows.report import reward_gain, summary, timings
 from flows.run import Run, RunError, default_store, load_run, resume_point
 from flows.watch import watch_step
+from meg import MEGSpec
 from meg.render import mermaid
 from meg.sizes import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW, step_samples_problem
 from storage.audit import audit_consistency
@@ -93,11 +94,12 @@ class TrainParams(BaseModel):
     )
 
 
-def check(p: TrainParams) -> None:
-    """Everything a user can get wrong, checked before any server or cluster starts."""
+def check(p: TrainParams) -> MEGSpec | None:
+    """Everything a user can get wrong, checked before any server or cluster starts; the
+    spec of a new run (None when resuming: the run keeps its own)."""
     if p.resume:
         load_run(Path(p.resume))
-        return
+        return None
     if p.run_dir and (Path(p.run_dir) / "run.json").exists():
         raise RunError(
             f"{p.run_dir} already holds a run; use --resume {p.run_dir} to continue "
@@ -116,6 +118,7 @@ def check(p: TrainParams) -> None:
         )
     except ValueError as e:
         raise RunError(str(e)) from None
+    return spec
 
 
 def prepare(p: TrainParams) -> Run:

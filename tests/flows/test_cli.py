@@ -208,13 +208,19 @@ def test_train_prints_the_hint_for_a_one_agent_config(
     from bench.peer_job import Job, meg_config
     from flows.cli import build_parser
     from flows.commands import train_hint, train_params
+    from flows.train import check
     from tests.flows.conftest import write_config
 
     one_agent = meg_config(Job(2, 2, 4, 1), tiny_model, tmp_path)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     parse = build_parser().parse_args
-    hint = train_hint(train_params(parse(["train", str(one_agent)])))
+
+    def hint_of(*argv: str) -> str | None:
+        params = train_params(parse(["train", *argv]))
+        return train_hint(params, check(params))
+
+    hint = hint_of(str(one_agent))
     assert hint is not None and "--rollout-workers 4 --train-threads 4 --micro-batches 4" in hint
-    assert train_hint(train_params(parse(["train", str(one_agent), "--mode", "async"]))) is None
+    assert hint_of(str(one_agent), "--mode", "async") is None
     two_agents = write_config(tmp_path / "chain", tiny_model)  # math-chain on the tiny model
-    assert train_hint(train_params(parse(["train", str(two_agents)]))) is None
+    assert hint_of(str(two_agents)) is None
