@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from flows.cluster import QUIET_DASK
-from tests.cluster.hosts import Host, Hosts, namespace_hosts, wait_port
+from tests.cluster.hosts import PYTHON, Host, Hosts, namespace_hosts, wait_port
 from tests.cluster.tls import TlsFiles, make_tls
 
 SCHEDULER_PORT, S3_PORT = 8786, 5000
+# every tool from the interpreter running the tests, never from PATH (a fresh machine has no
+# `prefect`, `dask` or `flexmarl` on it; the hosts' PATH holds only the system's directories)
+FLEXMARL = (PYTHON, "-m", "flows.cli")
+DASK = (PYTHON, "-m", "dask")
+PREFECT = (PYTHON, "-m", "prefect")
 # one Prefect server for every `flexmarl` command of the driver, on the driver's loopback (the
 # API reachable by the driver only); without it each command started a temporary server
 PREFECT_PORT = 4200
@@ -63,7 +68,7 @@ class Cluster:
         return {**self.env(tls), "PREFECT_API_URL": PREFECT_API}
 
     def start_worker(self, host: Host, role: str, name: str, tls: bool = True) -> None:
-        cmd = ["flexmarl", "worker", self.scheduler, "--role", role, "--name", name]
+        cmd = [*FLEXMARL, "worker", self.scheduler, "--role", role, "--name", name]
         cmd += ["--host", host.ip, *(INSIDE_TLS.dask_args() if tls else [])]
         host.start(cmd, env=self.env(), log=f"worker-{name}")
 
@@ -75,7 +80,7 @@ class Cluster:
             "    info = c.scheduler_info(n_workers=-1)['workers']\n"
             "    print(json.dumps({w['name']: w for w in info.values()}, default=str))"
         )
-        out = self.driver.run(["python", "-c", code], env=self.env(), timeout=120)
+        out = self.driver.run([PYTHON, "-c", code], env=self.env(), timeout=120)
         if out.returncode:
             raise RuntimeError(f"cannot ask the scheduler:\n{out.stderr[-3000:]}")
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -86,7 +91,7 @@ class Cluster:
             f"with Client('{self.scheduler}', timeout=60) as c:\n"
             f"    c.wait_for_workers({n}, timeout={timeout})"
         )
-        out = self.driver.run(["python", "-c", code], env=self.env(), timeout=timeout + 60)
+        out = self.driver.run([PYTHON, "-c", code], env=self.env(), timeout=timeout + 60)
         if out.returncode:
             raise RuntimeError(
                 f"{n} workers did not join:\n{out.stderr[-3000:]}\n{self.hosts.logs()}"
@@ -95,17 +100,17 @@ class Cluster:
     def flexmarl(self, *args: str, timeout: float = 900, tls: bool = True) -> Any:
         """`flexmarl ARGS` on the driver host (`tls=False`: without the cluster's TLS
         settings, e.g. for a run on a local cluster of the driver's own)."""
-        return self.driver.run(["flexmarl", *args], env=self.driver_env(tls), timeout=timeout)
+        return self.driver.run([*FLEXMARL, *args], env=self.driver_env(tls), timeout=timeout)
 
 
 def start_prefect(driver: Host, timeout: float = 180) -> None:
     """`prefect server start` on the driver's loopback, waited for until it answers."""
     env = {"PREFECT_HOME": "/tmp/prefect", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    driver.start(["prefect", "server", "start", "--host", "127.0.0.1", "--port", str(PREFECT_PORT)],
+    driver.start([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(PREFECT_PORT)],
                  env=env, log="prefect")  # fmt: skip
     probe = f"import urllib.request; urllib.request.urlopen('{PREFECT_API}/health', timeout=2)"
     deadline = time.monotonic() + timeout
-    while driver.run(["python", "-c", probe], timeout=30).returncode != 0:
+    while driver.run([PYTHON, "-c", probe], timeout=30).returncode != 0:
         if time.monotonic() > deadline or driver.procs[-1][0].poll() is not None:
             raise RuntimeError(f"the driver's Prefect server did not start\n{driver.logs()}")
         time.sleep(1)
@@ -124,17 +129,17 @@ def multihost_cluster(
             shutil.copytree(tls.ca.parent, host.root / "tls")
         sched, s3 = hosts["scheduler"], hosts["s3"]
         sched.start(
-            ["dask", "scheduler", "--host", sched.ip, "--port", str(SCHEDULER_PORT),
+            [*DASK, "scheduler", "--host", sched.ip, "--port", str(SCHEDULER_PORT),
              "--protocol", "tls", "--no-dashboard", *INSIDE_TLS.dask_args()],
             env=DASK_ENV, log="scheduler",
         )  # fmt: skip
-        s3.start(["python", "-m", "moto.server", "-H", s3.ip, "-p", str(S3_PORT)], log="moto")
+        s3.start([PYTHON, "-m", "moto.server", "-H", s3.ip, "-p", str(S3_PORT)], log="moto")
         start_prefect(hosts["driver"])
         wait_port(sched, SCHEDULER_PORT)
         wait_port(s3, S3_PORT)
         cluster = Cluster(hosts, f"tls://{sched.ip}:{SCHEDULER_PORT}", f"http://{s3.ip}:{S3_PORT}")
         mk = f"import s3fs; s3fs.S3FileSystem().mkdir('{BUCKET}')"
-        made = cluster.driver.run(["python", "-c", mk], env=cluster.env())
+        made = cluster.driver.run([PYTHON, "-c", mk], env=cluster.env())
         assert made.returncode == 0, made.stderr
         for name, role in workers:
             cluster.start_worker(hosts[name], role, name)

@@ -4,8 +4,10 @@ Each host is a network namespace with one veth into a bridge of a private /24 su
 harness creates (and deletes), its own loopback, and a private filesystem view: every
 process of a host runs under `unshare --mount` with the host's own directory bind-mounted
 over `/tmp` and `HOME` set inside it, so no host sees another's files (the project and its
-virtual environment stay visible: FlexMARL installed on every host). Only the subnet's own
-addresses and loopback are used.
+virtual environment stay visible: FlexMARL installed on every host, also when the checkout
+itself lies under `/tmp`, as a CI clone may). A host's PATH holds the system's directories
+only, as on a fresh machine: tools are started from the interpreter (`PYTHON -m prefect`).
+Only the subnet's own addresses and loopback are used.
 
 Needs root (namespaces, bridges); `available()` says why not where it cannot run.
 """
@@ -17,6 +19,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +27,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+REPO = Path(__file__).resolve().parents[2]
+# the interpreter running the tests (the project's virtualenv): every host runs it by path
+PYTHON = sys.executable
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # iproute2 lives in sbin on some systems
+IP = shutil.which("ip", path=SYSTEM_PATH) or "ip"
 
 
 def available() -> str | None:
@@ -32,13 +39,25 @@ def available() -> str | None:
     if os.geteuid() != 0:
         return "multi-host tests need root (network namespaces, a bridge, private mounts)"
     for tool in ("ip", "unshare", "mount"):
-        if shutil.which(tool) is None:
+        if shutil.which(tool, path=SYSTEM_PATH) is None:
             return f"multi-host tests need `{tool}` (iproute2 / util-linux)"
     return None
 
 
+def _under_tmp(*paths: Path) -> list[str]:
+    """The distinct `paths` below /tmp, relative to it ("/ci/main"), outermost first."""
+    tmp = Path("/tmp").resolve()
+    rels: list[str] = []
+    for path in sorted({p.resolve() for p in paths}, key=lambda p: len(p.parts)):
+        if path.is_relative_to(tmp) and not any(
+            path.is_relative_to(tmp / r.lstrip("/")) for r in rels
+        ):
+            rels.append("/" + str(path.relative_to(tmp)))
+    return rels
+
+
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+    subprocess.run([IP, *args], check=True, capture_output=True)
 
 
 @dataclass
@@ -52,11 +71,11 @@ class Host:
     procs: list[tuple[subprocess.Popen[bytes], Path]] = field(default_factory=list)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        keep = ("PATH", "LANG", "LC_ALL", "TERM")
+        keep = ("LANG", "LC_ALL", "TERM")
         base = {k: v for k, v in os.environ.items() if k in keep}
         return {
             **base,
-            "PATH": f"{VENV_BIN}:{base.get('PATH', '/usr/bin:/bin')}",
+            "PATH": SYSTEM_PATH,
             "HOME": "/tmp/home",
             "TMPDIR": "/tmp",
             "PYTHONUNBUFFERED": "1",
@@ -64,10 +83,16 @@ class Host:
         }
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
-        """`cmd` inside this host: its namespace, /tmp = its private directory."""
-        inner = 'mount --bind "$FX_ROOT" /tmp && mkdir -p /tmp/home && exec "$@"'
+        """`cmd` inside this host: its namespace, /tmp = its private directory. Paths the
+        host must still see under /tmp (the checkout, the interpreter) are bound into the
+        private directory at the same place first."""
+        binds = "".join(
+            f'mkdir -p "$FX_ROOT{rel}" && mount --bind "/tmp{rel}" "$FX_ROOT{rel}" && '
+            for rel in _under_tmp(REPO, Path(sys.prefix), Path(sys.base_prefix))
+        )
+        inner = f'{binds}mount --rbind "$FX_ROOT" /tmp && mkdir -p /tmp/home && exec "$@"'
         return [
-            "ip", "netns", "exec", self.ns,
+            IP, "netns", "exec", self.ns,
             "unshare", "--mount", "--propagation", "private",
             "env", f"FX_ROOT={self.root}", "sh", "-c", inner, "sh", *cmd,
         ]  # fmt: skip
@@ -127,7 +152,7 @@ def wait_port(host: Host, port: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     probe = f"import socket; socket.create_connection(('{host.ip}', {port}), timeout=1).close()"
     while time.monotonic() < deadline:
-        if host.run(["python", "-c", probe], timeout=30).returncode == 0:
+        if host.run([PYTHON, "-c", probe], timeout=30).returncode == 0:
             return
         if any(p.poll() is not None for p, _ in host.procs):
             break
@@ -139,7 +164,7 @@ def _free_subnet() -> str:
     """A 10.x.y/24 that no route of this machine covers (never shadow a real network)."""
     import ipaddress
 
-    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    routes = subprocess.run([IP, "-4", "route"], capture_output=True, text=True).stdout
     taken = []
     for line in routes.splitlines():
         dest = line.split()[0] if line.split() else ""

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.cluster import BUCKET, Cluster, multihost_cluster
+from tests.cluster.cluster import BUCKET, FLEXMARL, Cluster, multihost_cluster
 from tests.cluster.hosts import available
 from workloads import BUILTIN
 
@@ -88,7 +88,7 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
     lost in the middle of step 1, and another joins under its name."""
     cfg = fanout_config(cluster, steps=2)
     run = cluster.driver.start(
-        ["flexmarl", "train", cfg, "--scheduler", cluster.scheduler,
+        [*FLEXMARL, "train", cfg, "--scheduler", cluster.scheduler,
          "--store", f"s3://{BUCKET}/store", "--run-dir", "/tmp/run",
          "--summary-json", "/tmp/run/summary.json"],
         env=cluster.driver_env(), log="train",
