@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,19 +43,20 @@ def test_the_docs_build_strict_without_a_warning(tmp_path: Path) -> None:
     assert "WARNING" not in done.stderr, done.stderr[-3000:]
 
 
-def test_a_broken_anchor_fails_the_docs_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("page", "link", "named"),
+    [
+        ("clusters.md", "[nowhere](peers.md#no-such-heading-here)", "no-such-heading-here"),
+        ("index.md", "[gone](no-such-page.md)", "no-such-page.md"),
+    ],
+    ids=["broken-anchor", "missing-page"],
+)
+def test_a_broken_link_fails_the_docs_check(
+    tmp_path: Path, page: str, link: str, named: str
+) -> None:
     root = docs_copy(tmp_path)
-    page = root / "docs" / "clusters.md"
-    page.write_text(page.read_text() + "\nSee [nowhere](peers.md#no-such-heading-here).\n")
+    doc = root / "docs" / page
+    doc.write_text(doc.read_text() + f"\nSee {link}.\n")
     done = build(root, tmp_path / "site")
     assert done.returncode != 0
-    assert "no-such-heading-here" in done.stderr, done.stderr[-3000:]
-
-
-def test_a_link_to_a_missing_page_fails_the_docs_check(tmp_path: Path) -> None:
-    root = docs_copy(tmp_path)
-    page = root / "docs" / "index.md"
-    page.write_text(page.read_text() + "\nSee [gone](no-such-page.md).\n")
-    done = build(root, tmp_path / "site")
-    assert done.returncode != 0
-    assert "no-such-page.md" in done.stderr, done.stderr[-3000:]
+    assert named in done.stderr, done.stderr[-3000:]
