@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engines.rollout.devices import ROLLOUT_GPU_SHARE
+
 ROLLOUT, TRAIN = "rollout", "train"
 
 
@@ -43,6 +45,14 @@ class ClusterConfig(BaseModel):
         description="cluster class by dotted name (dask_cuda.LocalCUDACluster on GPU nodes)",
     )
     train_slots: int = Field(2, ge=1, description="training slots per training worker")
+    rollout_gpu_share: float = Field(
+        ROLLOUT_GPU_SHARE,
+        gt=0,
+        le=1,
+        description="share of a GPU's memory a vLLM rollout engine takes (weights + KV "
+        "cache); the rest is left to a trainer on the same GPU. 0.9 where training runs on "
+        "other GPUs. Ignored on CPU workers",
+    )
     memory_limit: str = Field(
         "auto", description="per-worker memory limit of a local cluster (auto: RAM / workers)"
     )

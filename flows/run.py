@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.rollout.devices import ROLLOUT_GPU_SHARE
 from engines.training.checkpoint_index import latest_checkpoint
 from flows.config import validate_spec
 from meg import MEGSpec
@@ -49,6 +50,7 @@ class Run:
             "staleness": c.staleness,
             "seed": c.seed,
             "train_slots": c.train_slots,
+            "rollout_gpu_share": c.rollout_gpu_share,
             "checkpoint_every": c.checkpoint_every,
             "keep_checkpoints": c.keep_checkpoints,
             "steps": self.steps,
@@ -90,6 +92,7 @@ def load_run(run_dir: Path) -> Run:
             rec.get("storage_options"),
             rec.get("keep_checkpoints", 2),  # runs from before pruning existed: the default
             rec["steps"],
+            rec.get("rollout_gpu_share", ROLLOUT_GPU_SHARE),  # runs from before: the default
         )
         return Run(
             run_dir,

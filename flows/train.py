@@ -145,6 +145,7 @@ def prepare(p: TrainParams) -> Run:
         else 0,
         seed=p.seed if p.seed is not None else r.seed,
         train_slots=p.cluster.train_slots,
+        rollout_gpu_share=p.cluster.rollout_gpu_share,
         checkpoint_every=p.checkpoint_every or r.checkpoint_every or 1,
         keep_checkpoints=p.keep_checkpoints or r.keep_checkpoints,
         steps=p.steps or r.steps,

@@ -6,9 +6,12 @@ this process), ``Url(url)`` (an fsspec folder: safetensors + JSON), ``Worker(add
 ``get``/``move`` works for all, through a registry of location handlers.
 
 ``put`` snapshots (copies) the tensors, so later in-place updates by the caller (an
-optimizer step) do not leak into the stored state. The content hash (sha256 over names,
-dtypes, shapes and raw bytes) is lazy: it is computed when a state leaves the process
-(written to a URL or sent to a Worker) and checked whenever it is read back from there.
+optimizer step) do not leak into the stored state. A Host state is copied into host buffers
+kept per key and reused by the key's next put, page-locked when the state comes from a GPU,
+with asynchronous copies (``storage.host_buffers``): a slot swap runs at the link's speed.
+The content hash (sha256 over names, dtypes, shapes and raw bytes) is lazy: it is computed
+when a state leaves the process (written to a URL or sent to a Worker) and checked whenever
+it is read back from there.
 In-process states (Host/Device) are never hashed on put/get/move — hashing every byte
 cost more than the copy itself for a training-slot swap — so their ``StateRef.sha256``
 is ``""``; ``StateStore.digest(key)`` computes it on demand. Nothing is pickled to disk.
@@ -29,6 +32,7 @@ from safetensors.torch import save as st_save
 
 from storage.errors import IntegrityError, StoreError
 from storage.fs import open_fs
+from storage.host_buffers import HostBuffers, to_device
 
 Tensors = dict[str, torch.Tensor]
 
@@ -88,10 +92,6 @@ def _nbytes(tensors: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _to(tensors: Tensors, device: str) -> Tensors:
-    return {k: v.detach().to(device, copy=True).contiguous() for k, v in tensors.items()}
-
-
 # -- location handlers (registry keyed by location type) ----------------------------------
 Handler = tuple[
     Callable[["StateStore", Any, str, Tensors, dict[str, Any]], str],  # put -> sha256 or ""
@@ -106,7 +106,10 @@ def _register(kind: type, put: Any, get: Any, delete: Any) -> None:
 
 
 def _mem_put(s: StateStore, loc: Device | Host, key: str, t: Tensors, meta: dict[str, Any]) -> str:
-    s._memory[key] = (_to(t, loc.name if isinstance(loc, Device) else "cpu"), meta)
+    """A Device state is a copy on that device; a Host state lives in the key's reused
+    (pinned, from a GPU) host buffers (storage.host_buffers)."""
+    staged = to_device(t, loc.name) if isinstance(loc, Device) else s._host.stage(key, t)
+    s._memory[key] = (staged, meta)
     return ""  # in-process: not hashed (see the module docstring)
 
 
@@ -125,7 +128,7 @@ _register(Host, _mem_put, _mem_get, _mem_delete)
 def _url_put(s: StateStore, loc: Url, key: str, t: Tensors, meta: dict[str, Any]) -> str:
     fs, base = s._fs(loc, key)
     fs.makedirs(base, exist_ok=True)
-    cpu = _to(t, "cpu")
+    cpu = to_device(t, "cpu")
     sha = content_hash(cpu)  # of the bytes written, so a later read can check them
     fs.pipe_file(f"{base}/tensors.safetensors", st_save(cpu))
     doc = {
@@ -181,7 +184,7 @@ def _w_get(key: str) -> tuple[bytes, dict[str, Any]]:
 
 
 def _worker_put(s: StateStore, loc: Worker, key: str, t: Tensors, meta: dict[str, Any]) -> str:
-    cpu = _to(t, "cpu")
+    cpu = to_device(t, "cpu")
     sha = content_hash(cpu)  # checked when the state comes back (_worker_get)
     _on_worker(loc.address, _w_put, key, st_save(cpu), meta)
     return sha
@@ -234,6 +237,7 @@ class StateStore:
         self.storage_options = dict(storage_options or {})
         self._refs: dict[str, StateRef] = {}
         self._memory: dict[str, tuple[Tensors, dict[str, Any]]] = {}
+        self._host = HostBuffers()  # per-key host buffers of Host states, reused
 
     def url_for(self, key: str) -> str:
         return f"{self.root_url}/{check_key(key)}"
@@ -319,7 +323,9 @@ class StateStore:
         tensors, meta = _HANDLERS[type(ref.location)][1](self, ref.location, key, ref.sha256)
         device = to.name if isinstance(to, Device) else "cpu"
         same = ref.location == to or (isinstance(ref.location, Host) and device == "cpu")
-        return (dict(tensors) if same else _to(tensors, device)), dict(meta)
+        if same and isinstance(ref.location, Host):
+            self._host.take(key)  # handed out without a copy: never a later put's buffers
+        return (dict(tensors) if same else to_device(tensors, device)), dict(meta)
 
     def move(self, key: str, to: Location) -> StateRef:
         ref = self.ref(key)
@@ -337,9 +343,21 @@ class StateStore:
             return None
 
     def delete(self, key: str) -> None:
+        """Remove the state. A Host state's buffers stay with the store, idle, for the
+        key's next `put` (a slot's next swap-out); `release_buffers` frees them."""
         ref = self.ref(key)
         _HANDLERS[type(ref.location)][2](self, ref.location, key)
         self._refs.pop(key, None)
+
+    def release_buffers(self, key: str) -> None:
+        """Free the host buffers kept for `key` (its agent is gone); a stored Host state
+        of `key` keeps its tensors."""
+        if key not in self._memory:
+            self._host.take(key)
+
+    @property
+    def host_buffers(self) -> HostBuffers:
+        return self._host
 
     def keys(self, prefix: str = "") -> list[str]:
         found = set(self._refs)

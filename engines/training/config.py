@@ -4,6 +4,7 @@ error a step raises when its micro-batches are not the step's."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,21 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 STATE_FORMAT = 1
+# What trainable weights and their AdamW moments are kept in, whatever the agent's dtype: the
+# agent's `dtype` is the *compute* dtype (autocast) and what rollout hosts get. A pure bf16
+# parameter rounds away any update below ~2^-8 of its magnitude: at lr 1e-6 one AdamW step
+# moved 2% of a bf16 model's weights (100% in fp32). Memory per trainable parameter: 4 (fp32
+# weight) + 4 (fp32 grad) + 8 (AdamW moments) = 16 bytes, plus autocast's transient bf16 copy
+# (2) during a forward and the published bf16 copy (2) after a step.
+MASTER_DTYPE = torch.float32
+
+
+def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
+    """Compute in `dtype` over float32 master weights (a no-op for float32): matmuls in
+    bf16/fp16, reductions and `log_softmax` in float32 (torch's autocast op lists)."""
+    if DTYPES[dtype] == MASTER_DTYPE:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +59,7 @@ class TrainConfig:
     skip_zero_advantage: bool = False  # no forward/backward of A = 0 rows (accum.kept_rows)
     temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
     seed: int = 0
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute + publication dtype; masters are MASTER_DTYPE
     lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:

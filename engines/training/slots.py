@@ -106,6 +106,7 @@ class SlotManager:
         self._lru.pop(agent, None)
         if self.state_store.where(self.state_key(agent)) is not None:
             self.state_store.delete(self.state_key(agent))
+        self.state_store.release_buffers(self.state_key(agent))  # its reused host buffers
 
     def close(self) -> None:
         """Forget every agent (a worker dropping a finished run's trainers)."""

@@ -31,9 +31,13 @@ Numerics (docs/models.md): forward passes run in `eval()` mode (dropout off: a d
 would make the trainer's logprobs a different policy from the sampler's, biasing every ratio);
 logprobs are `log_softmax(logits / T)` at the agent's sampling temperature, over response
 positions only (`token_logprobs`); the PPO anchor is chosen per agent (`old_logprobs`, see
-losses.py). With `kl_coef > 0` the reference logprobs come from the agent's initial policy:
-a frozen copy shared by every trainer of the same (model, dtype, device) in the process, or
-for a LoRA agent the shared base with the adapters off.
+losses.py). Mixed precision: trainable weights, their gradients and AdamW's moments are
+float32 masters whatever the agent's `dtype`; a bfloat16 agent computes its forward under
+`torch.autocast` (config.autocast) and publishes bf16 weights (`weights()`), so an update at
+lr 1e-6 is kept in the masters instead of rounding away in a bf16 parameter.
+With `kl_coef > 0` the reference logprobs come from the agent's initial policy: a frozen
+copy shared by every trainer of the same (model, dtype, device) in the process, or for a
+LoRA agent the shared base with the adapters off.
 
 What the trainer trains is a `PolicyWeights` (`weights.py`): a whole model of its own, or a
 LoRA adapter on the process's one base for that model (`bases.py`). The trainer never asks
@@ -70,6 +74,7 @@ from engines.training.config import (
     StepMismatchError,
     StepResult,
     TrainConfig,
+    autocast,
 )
 from engines.training.losses import anchor, policy_loss, zero_at_zero_advantage
 from engines.training.reference import reference_model
@@ -107,9 +112,16 @@ class AgentTrainer:
         self._pending: Accum | None = None
 
     def _optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the float32 masters; the fused kernel on a GPU (one launch for every
+        parameter instead of several per tensor), torch's default elsewhere."""
         cfg = self.config
+        fused = True if self.policy.device.type == "cuda" else None
         return torch.optim.AdamW(
-            list(self.policy.trainable), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            list(self.policy.trainable),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+            fused=fused,
         )
 
     @property
@@ -208,14 +220,17 @@ class AgentTrainer:
             ref = self.reference_logprobs(mb)
         # the whole forward + backward under the agent's policy: the lm_head chunks are
         # recomputed during backward (activation checkpointing), with the same adapter on
+        # and the same autocast state (checkpoint restores it); the backward itself runs
+        # outside autocast, as torch recommends, into float32 master gradients
         with self.policy.active(dropout=True):
-            logp = token_logprobs(  # (b,T), 0 off the response
-                self.model,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.response_mask,
-                temperature=cfg.temperature,
-            )
+            with autocast(self.device, cfg.dtype):
+                logp = token_logprobs(  # (b,T) float32, 0 off the response
+                    self.model,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.response_mask,
+                    temperature=cfg.temperature,
+                )
             old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
             loss_tok, metrics = policy_loss(
                 cfg.policy_loss,
@@ -264,15 +279,16 @@ class AgentTrainer:
 
         Full weights: a frozen copy of the initial model, shared per (model, dtype, device).
         LoRA: the shared base with the adapters off (B = 0 at init: the same policy)."""
-        return self.policy.reference(
-            lambda module: token_logprobs(
-                module,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.response_mask,
-                temperature=self.config.temperature,
+        with autocast(self.device, self.config.dtype):
+            return self.policy.reference(
+                lambda module: token_logprobs(
+                    module,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.response_mask,
+                    temperature=self.config.temperature,
+                )
             )
-        )
 
     def step(self, expect: dict[int, tuple[int, int]] | None = None) -> StepResult:
         """Clip, AdamW step, zero grads, version += 1 — or skip on non-finite loss/grad.
@@ -342,11 +358,12 @@ class AgentTrainer:
 
     # ---- state ----------------------------------------------------------------------------
     def weights(self) -> dict[str, Tensor]:
-        """What rollout hosts load, detached, no copy: HF checkpoint names (no tied alias) for
-        a full model; under LoRA the adapter only, with PEFT's saved names
+        """What rollout hosts load, detached: HF checkpoint names (no tied alias) for a full
+        model, in the agent's compute dtype (a bf16 copy of the float32 masters; no copy in
+        float32); under LoRA the adapter only, with PEFT's saved names
         (`base_model.model.….lora_A.weight`) — what `adapter_model.safetensors` holds."""
         self._require_loaded()
-        return self.policy.tensors()
+        return self.policy.published()
 
     def describe(self) -> dict[str, Any]:
         """JSON-able facts published with the weights (`{"lora": adapter_config}` or {})."""
@@ -405,9 +422,7 @@ class AgentTrainer:
         self.optimizer.state.clear()
         for p, name in self._names.items():
             st = {
-                k.rsplit("/", 1)[1]: v.to(self.device)
-                if k.endswith("exp_avg") or k.endswith("exp_avg_sq")
-                else v
+                k.rsplit("/", 1)[1]: self._optim_value(k.rsplit("/", 1)[1], v, p)
                 for k, v in tensors.items()
                 if k.startswith(f"optim/{name}/")
             }
@@ -423,8 +438,18 @@ class AgentTrainer:
         self._pending = None if pending is None else Accum.from_json(pending)
         for p, name in self._names.items():
             grad = tensors.get(f"grad/{name}")
-            p.grad = None if grad is None else grad.to(self.device)
+            p.grad = None if grad is None else grad.to(self.device, dtype=p.dtype)
         self._released = False
+
+    def _optim_value(self, key: str, value: Tensor, param: Tensor) -> Tensor:
+        """An AdamW state entry on its way in: moments on the parameter's device and dtype;
+        the step counter stays a CPU tensor, except for the fused kernel, which reads it on
+        the device (as `Optimizer.load_state_dict` places it)."""
+        if key in ("exp_avg", "exp_avg_sq"):
+            return value.to(self.device, dtype=param.dtype)
+        if key == "step" and self.optimizer.defaults.get("fused"):
+            return value.to(self.device, dtype=torch.float32)
+        return value
 
     def release(self) -> None:
         """Drop the state's tensors (own weights, grads, optimizer state); modules remain."""

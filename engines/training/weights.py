@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 from engines.families import checkpoint_names
-from engines.training.config import DTYPES, TrainConfig
+from engines.training.config import DTYPES, MASTER_DTYPE, TrainConfig
 from engines.training.reference import reference_model
 
 
@@ -42,7 +42,11 @@ class PolicyWeights(Protocol):
         ...
 
     def tensors(self) -> dict[str, Tensor]:
-        """State name → the live tensor (no copy)."""
+        """State name → the live tensor (no copy): the float32 masters."""
+        ...
+
+    def published(self) -> dict[str, Tensor]:
+        """State name → what rollout hosts load: the weights in the agent's compute dtype."""
         ...
 
     def assign(self, tensors: dict[str, Tensor]) -> None:
@@ -76,13 +80,15 @@ class PolicyWeights(Protocol):
 
 
 class FullWeights:
-    """A whole model, owned by one agent: its own copy of every weight."""
+    """A whole model, owned by one agent: its own copy of every weight, held in float32
+    (the masters an AdamW step updates); forward passes compute in the agent's dtype under
+    autocast, and `published()` casts to it."""
 
     def __init__(self, model_path: str, config: TrainConfig, device: str) -> None:
         self.model_path, self.dtype = model_path, config.dtype
         self.device = torch.device(device)
         self.module: nn.Module = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=DTYPES[config.dtype]
+            model_path, dtype=MASTER_DTYPE
         )
         self.module.to(self.device)  # type: ignore[arg-type]
         self.module.eval()  # dropout off: see the trainer's docstring
@@ -104,11 +110,20 @@ class FullWeights:
         sd = self.module.state_dict()
         return {k: sd[k].detach() for k in self._names}
 
+    def published(self) -> dict[str, Tensor]:
+        """The masters cast to the compute dtype (no copy in float32)."""
+        cast = DTYPES[self.dtype]
+        return {k: v.to(cast) if v.is_floating_point() else v for k, v in self.tensors().items()}
+
     def assign(self, tensors: dict[str, Tensor]) -> None:
+        """Adopt `tensors`, each in its parameter's own dtype (a checkpoint of a run from
+        before float32 masters, in bf16, is upcast)."""
         by_name = self._by_name()
         with torch.no_grad():
             for k in self._names:
-                by_name[k].data = tensors[k].to(self.device)
+                t = by_name[k]
+                dtype = t.dtype if tensors[k].is_floating_point() else None
+                t.data = tensors[k].to(self.device, dtype=dtype)
             for name, buf in self.module.named_buffers():  # non-persistent: follow the device
                 if name not in tensors:
                     buf.data = buf.data.to(self.device)

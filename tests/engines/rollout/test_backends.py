@@ -243,3 +243,23 @@ def test_vllm_reload_log_filter_drops_only_the_rotary_buffer_warning() -> None:
 
     assert not log.filter(record("RotaryEmbedding"))
     assert log.filter(record("QKVParallelLinear"))  # a real failed load still shows
+
+
+@pytest.mark.parametrize("every", [3, 8])
+def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
+    tiny_model_dir: Path, every: int
+) -> None:
+    """The hf loop looks at "every row done" once per `sync_every` tokens on a GPU (a host
+    sync per token stalled decoding there): rows that finished meanwhile decode tokens that
+    are never kept, so tokens, logprobs and finish reasons equal those of a look per token,
+    ragged prompts, stop tokens and short budgets included."""
+    backend = make_backend("hf", tiny_model_dir)
+    prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
+    params = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4, stop_token_ids=(20, 21))
+    assert backend.sync_every == 1  # a CPU engine looks every token
+    per_token = backend.generate(prompts, params)
+    backend.sync_every = every
+    sparse = backend.generate(prompts, params)
+    assert sparse == per_token
+    reasons = {c.finish_reason for group in per_token for c in group}
+    assert reasons == {"stop", "length"}, reasons  # both ways of finishing are exercised
