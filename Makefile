@@ -71,6 +71,8 @@ bench: setup models
 	$(BIN)/python -m bench.longtail --json bench/results/longtail.json
 	$(BIN)/python -m bench.cut --json bench/results/cut.json
 	$(BIN)/python -m bench.word_problems --json bench/results/word_problems.json
+	$(BIN)/python -m bench.precision --json bench/results/precision.json --png bench/results/precision.png
+	$(BIN)/python -m bench.gpu --device cpu --json bench/results/gpu_cpu.json  # --device cuda on a GPU
 	$(BIN)/python -m bench.multihost --json bench/results/multihost.json  # needs root
 
 clean:

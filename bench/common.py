@@ -8,13 +8,14 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from flows.cluster import ClusterConfig
-from flows.train import TrainParams, train
-
 
 def train_run(cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[str, Any]:
     """`flexmarl train CFG` into `run_dir` on the cluster at `scheduler`, no final export
-    (a benchmark measures the run, not the export); returns the run's summary."""
+    (a benchmark measures the run, not the export); returns the run's summary. (Prefect and
+    Dask are imported here, not with the module: `bench.gpu` runs on machines without them.)"""
+    from flows.cluster import ClusterConfig
+    from flows.train import TrainParams, train
+
     return train(
         TrainParams(
             config=str(cfg),

@@ -240,11 +240,14 @@ def _start_local(cfg: ClusterConfig) -> Any:
         kwargs["host"] = "127.0.0.1"
     cluster = cls(**kwargs)
     for name, resources in roles(cfg).items():
-        spec = copy.deepcopy(cluster.new_spec)
+        # the class's own spec for its next worker: dask-cuda's rotates CUDA_VISIBLE_DEVICES
+        # there, so each worker sees its own GPU first (as cuda:0)
+        ((_, template),) = cluster.new_worker_spec().items()
+        spec = copy.deepcopy(template)
         spec["options"] = {**spec["options"], "resources": resources, "name": name}
         threads = cfg.threads_of(ROLLOUT if ROLLOUT in resources else TRAIN)  # colocated: rollout
         if threads:
-            spec["options"]["env"] = thread_env(threads)
+            spec["options"]["env"] = {**spec["options"].get("env", {}), **thread_env(threads)}
         cluster.worker_spec[name] = spec
     cluster.scale(len(cluster.worker_spec))
     return cluster

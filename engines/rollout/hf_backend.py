@@ -164,9 +164,9 @@ class HFBackend:
         # per-token `.tolist()` and a Python loop over rows held decoding to ~600 tok/s)
         n, width, dev = len(rows), max(budgets), self.device
         limit = torch.tensor(budgets, device=dev)  # (R,)
-        stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=dev)
-        toks = torch.zeros((n, width), dtype=torch.long, device=dev)  # (R, W)
-        lps = torch.zeros((n, width), dtype=torch.float32, device=dev)  # (R, W)
+        stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=dev)  # (S,)
+        tok_cols: list[Tensor] = []  # per step: (R,) sampled ids, kept up to `length`
+        lp_cols: list[Tensor] = []  # per step: (R,) their logprobs
         length = torch.zeros(n, dtype=torch.long, device=dev)  # (R,) tokens kept per row
         stopped = torch.zeros(n, dtype=torch.bool, device=dev)  # (R,) ended on a stop token
         done = torch.zeros(n, dtype=torch.bool, device=dev)  # (R,)
@@ -177,25 +177,25 @@ class HFBackend:
         for t in range(width):
             processed = processed_logits(logits, params.temperature, params.top_p)  # (R, V)
             logp = torch.log_softmax(processed, dim=-1)  # (R, V) the sampling distribution
-            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)  # (R,)
+            tok = torch.multinomial(logp.exp(), 1, generator=gen)  # (R, 1)
+            tok_cols.append(tok[:, 0])
+            lp_cols.append(logp.gather(-1, tok)[:, 0])
             live = ~done  # (R,)
-            toks[:, t] = tok  # kept up to `length`: what a finished row writes is ignored
-            lps[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
             length += live
-            ends = live & torch.isin(tok, stop_ids)  # (R,)
+            ends = live & (tok == stop_ids).any(-1)  # (R,)
             stopped |= ends
-            now_done = done | ends | (length >= limit)
+            before = done.clone() if tracker is not None else done
+            done |= ends | (length >= limit)
             if tracker is not None:
-                for r in (now_done & ~done).nonzero().flatten().tolist():
+                for r in (done & ~before).nonzero().flatten().tolist():
                     tracker.finish(r)
-            done = now_done
             if (t + 1) % every == 0 and (
                 bool(done.all()) or (tracker is not None and tracker.reached())
             ):
                 break
             mask = torch.cat([mask, mask.new_ones((n, 1))], dim=-1)  # (R, L+t+1)
             out = self.model(
-                input_ids=tok[:, None],
+                input_ids=tok,
                 attention_mask=mask,
                 position_ids=next_pos,
                 past_key_values=past,
@@ -205,12 +205,14 @@ class HFBackend:
             next_pos = next_pos + 1
 
         unfinished = "partial" if cut is not None else "length"
-        kept, ids, lp = length.tolist(), toks.cpu(), lps.cpu()  # one transfer at the end
-        ended, finished = stopped.tolist(), done.tolist()
+        # one transfer at the end: (R, steps) ids and logprobs, the lengths and flags
+        sampled = torch.stack(tok_cols, 1).tolist()
+        logprobs = torch.stack(lp_cols, 1).tolist()
+        kept, ended, finished = length.tolist(), stopped.tolist(), done.tolist()
         comps = [
             Completion(
-                tuple(ids[r, : kept[r]].tolist()),
-                tuple(lp[r, : kept[r]].tolist()),
+                tuple(sampled[r][: kept[r]]),
+                tuple(logprobs[r][: kept[r]]),
                 "stop" if ended[r] else ("length" if finished[r] else unfinished),
             )
             for r in range(n)

@@ -116,3 +116,27 @@ def test_train_threads_config() -> None:
     assert ClusterConfig().threads_of(TRAIN) is None  # Dask's one thread
     with pytest.raises(ValidationError, match="colocated cluster has none of its own"):
         ClusterConfig(colocate=True, train_threads=2)
+
+
+def _visible() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_each_worker_gets_the_spec_the_cluster_class_makes_for_it() -> None:
+    """dask-cuda gives each worker of a LocalCUDACluster its own GPU through the spec it makes
+    for that worker; our roles and thread settings are added to that spec, not to a shared
+    template (before, every worker got the first worker's GPU). No GPU here: a named fake
+    of dask-cuda's rotation (tests/flows/fake_cuda_cluster.py)."""
+    from flows.cluster import ClusterConfig, dask_cluster
+
+    cfg = ClusterConfig(
+        cluster_class="tests.flows.fake_cuda_cluster.FakeCUDACluster",
+        rollout_workers=2,
+        threads=1,
+    )
+    with dask_cluster(cfg) as workers, Client(workers.address) as client:
+        seen = client.run(_visible)
+        threads = client.run(_torch_threads)
+    firsts = sorted(v.split(",")[0] for v in seen.values() if v)
+    assert len(seen) == 3 and firsts == ["0", "1", "2"], seen  # one GPU first per worker
+    assert set(threads.values()) == {1}  # the thread settings kept beside the GPU's
