@@ -6,8 +6,9 @@ round-robin over the training workers. Per unit:
 
 - rollout worker: an engine holds the base (+ one adapter per LoRA agent);
 - training worker: a full agent holds weights + gradients + two AdamW moments (4×, whether
-  resident in a slot or swapped out to the worker's host memory); LoRA agents hold one
-  frozen base plus 4× their adapter each.
+  resident in a slot or swapped out to the worker's host memory), all float32 whatever the
+  agent's dtype (float32 masters); LoRA agents hold one frozen base in their dtype plus 4×
+  their adapter each, in float32.
 
 "Without sharing" is the same agents as full-weight copies: one engine and 4× the model per
 agent. Parameters are counted from the safetensors headers (the base) and by peft on a
@@ -33,6 +34,7 @@ from meg.sharing import WeightUnit, weight_units
 
 TRAIN_COPIES = 4  # weights, gradients, AdamW exp_avg and exp_avg_sq
 BYTES = {"float32": 4, "bfloat16": 2}
+MASTER = BYTES["float32"]  # what trained weights, grads and AdamW moments are kept in
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,7 @@ class Held:
     units: tuple[str, ...]
     shared: int  # parameters held as configured
     unshared: int  # parameters held if every agent had its own full copy
-    nbytes: int  # `shared` at the units' dtypes
+    nbytes: int  # `shared` in bytes: rollout at the units' dtypes, training float32 masters
 
 
 def model_parameters(model: str) -> int:
@@ -92,26 +94,37 @@ def held(
     for i, name in enumerate(units):
         on_train[workers.train[i % train_workers]].append(name)
 
-    def rollout_cost(name: str) -> tuple[int, int]:
+    def rollout_cost(name: str) -> tuple[int, int, int]:
         u = units[name]
         own = base[name] + sum(adapters.get(name, {}).values())
-        return own, base[name] * len(u.agents)
+        return own, base[name] * len(u.agents), own * BYTES[u.dtype]
 
-    def train_cost(name: str) -> tuple[int, int]:
+    def train_cost(name: str) -> tuple[int, int, int]:
+        """Trained parameters are float32 masters whatever the dtype (engines.training);
+        a LoRA base is frozen, in the unit's dtype."""
         u = units[name]
         if u.lora:
-            own = base[name] + TRAIN_COPIES * sum(adapters[name].values())
+            trained = TRAIN_COPIES * sum(adapters[name].values())
+            own, nbytes = base[name] + trained, base[name] * BYTES[u.dtype] + trained * MASTER
         else:
             own = TRAIN_COPIES * base[name]
-        return own, TRAIN_COPIES * base[name] * len(u.agents)
+            nbytes = own * MASTER
+        return own, TRAIN_COPIES * base[name] * len(u.agents), nbytes
 
-    def rows(placed: dict[str, list[str]], cost: Callable[[str], tuple[int, int]]) -> list[Held]:
+    def rows(
+        placed: dict[str, list[str]], cost: Callable[[str], tuple[int, int, int]]
+    ) -> list[Held]:
         out = []
         for w, names in placed.items():
             costs = [cost(n) for n in names]
-            nbytes = sum(c[0] * BYTES[units[n].dtype] for c, n in zip(costs, names, strict=True))
             out.append(
-                Held(w, tuple(names), sum(c[0] for c in costs), sum(c[1] for c in costs), nbytes)
+                Held(
+                    w,
+                    tuple(names),
+                    sum(c[0] for c in costs),
+                    sum(c[1] for c in costs),
+                    sum(c[2] for c in costs),
+                )
             )
         return out
 

@@ -160,6 +160,32 @@ def test_meg_show_reports_the_weights_each_worker_holds(
         assert float(ratio) == pytest.approx(shared / unshared, abs=1e-3)
 
 
+def test_the_weights_report_counts_bf16_training_in_float32_masters(
+    tmp_path: Path, tiny_model: str
+) -> None:
+    """A bf16 agent's engine holds bf16 weights; its trainer holds float32 masters, grads and
+    AdamW moments (16 bytes a parameter); a bf16 LoRA base stays bf16 beside float32
+    adapters."""
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from flows.weights_report import held
+    from meg.load import load_meg
+
+    cfg = _lora_fanout(tmp_path, tiny_model, planner={"r": 8, "target_modules": ["q_proj"]})
+    data = yaml.safe_load(cfg.read_text())
+    for agent in data["agents"].values():
+        agent["dtype"] = "bfloat16"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    w = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model).parameters())
+    rollout, train = held(load_meg(cfg))
+    full = [u for u in train[0].units if "+" not in u and u != "planner"]
+    assert full and rollout[0].nbytes >= 2 * w * len(rollout[0].units)
+    lora_base = w * 2  # the planner's frozen base, bf16
+    adapters = train[0].shared - w - 4 * w * len(full)  # 4x the adapter's parameters
+    assert train[0].nbytes == 16 * w * len(full) + lora_base + 4 * adapters
+
+
 def test_lora_mistakes_are_found_before_anything_starts(
     tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
