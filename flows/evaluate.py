@@ -35,7 +35,7 @@ from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from tasks.scoring import Views, call_rewards
-from workloads import resolve_config
+from workloads import BUILTIN, resolve_config
 from workloads.datasets import TaskItem, load_dataset
 
 # Neither backend has an argmax mode (SamplingParams rejects temperature 0 on purpose), and
@@ -53,8 +53,7 @@ class EvalParams(BaseModel):
 
     config: str = Field(
         "math-chain",
-        description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
-        "critic-debate, word-problems, longtail)",
+        description=f"MEG YAML file or built-in workload ({', '.join(BUILTIN)})",
     )
     checkpoint: str | None = Field(
         None,

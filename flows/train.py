@@ -37,7 +37,7 @@ from meg.sizes import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW, step_samples_probl
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
-from workloads import plugins
+from workloads import BUILTIN, plugins
 
 
 class TrainParams(BaseModel):
@@ -47,8 +47,7 @@ class TrainParams(BaseModel):
 
     config: str = Field(
         "math-chain",
-        description="MEG YAML file or built-in workload (math-chain, debate, fanout, "
-        "critic-debate, word-problems, longtail)",
+        description=f"MEG YAML file or built-in workload ({', '.join(BUILTIN)})",
     )
     mode: Literal["sync", "flex", "async"] | None = Field(
         None, description="sync (barrier per step), flex (zero staleness), async (η steps)"

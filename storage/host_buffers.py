@@ -54,14 +54,15 @@ class HostBuffers:
             }
             self._bufs[key] = bufs
             self.allocations += 1
-        waits = False
+        queued: set[torch.device] = set()  # GPUs with asynchronous copies in flight
         with torch.no_grad():
             for k, v in tensors.items():
                 asynchronous = v.device.type == "cuda" and bufs[k].is_pinned()
                 bufs[k].copy_(v.detach(), non_blocking=asynchronous)
-                waits |= asynchronous
-        if waits:  # the copies were queued on the current stream: wait for them once
-            torch.cuda.current_stream().synchronize()
+                if asynchronous:
+                    queued.add(v.device)
+        for device in queued:  # queued on each GPU's current stream: wait once per GPU
+            torch.cuda.current_stream(device).synchronize()
         return bufs
 
     def take(self, key: str) -> None:

@@ -47,10 +47,6 @@ def register_generator(name: str) -> Callable[[Generator], Generator]:
     return GENERATORS.register(name)
 
 
-def known_generators() -> tuple[str, ...]:
-    return tuple(GENERATORS.names())
-
-
 @register_generator("arithmetic")
 def arithmetic(
     rng: random.Random, size: int, *, max_operand: int = 9, ops: str = "+", terms: int = 2

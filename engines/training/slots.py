@@ -4,8 +4,9 @@ FlexMARL's answer to dynamic training demand: an agent needs training
 hardware only while a micro-batch of its data is ready. `acquire(agent, factory)` binds the
 agent to a slot — the slot it already holds, a free one, or the slot of the least-recently
 used *idle* agent, whose state is swapped out first. An agent is *busy* from `acquire` to
-`release`; the orchestrator releases it after `step()`, so pending gradients (which are not
-part of the state) are never lost: a busy agent is never evicted.
+`release`, and a busy agent is never evicted. An idle agent may be swapped out between two
+micro-batches of a step: its pending gradients are part of its state (`grad/...`,
+`AgentTrainer.state`) and come back with it.
 
 Swap-out: `state()` → `StateStore.put(f"slots/{agent}", at=offload_to)` → `release()` (the
 trainer drops its tensors, keeping only module objects). Swap-in: `StateStore.get(key,
