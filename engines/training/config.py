@@ -14,7 +14,7 @@ from engines.training.advantages import ADVANTAGES
 from engines.training.aggregate import AGGREGATIONS
 from engines.training.lora import LoraConfig
 from engines.training.losses import ANCHORS, POLICY_LOSSES
-from meg.spec import AgentSpec
+from meg.spec import AgentSpec, LossSpec, OptimSpec, SamplingSpec
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -39,25 +39,30 @@ def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
     return torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
+# the defaults of `optim:` and `loss:`, written once in the MEG spec (meg/spec.py)
+_OPTIM, _LOSS, _SAMPLING = OptimSpec(), LossSpec(), SamplingSpec()
+
+
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    """Optimizer and loss settings of one agent; names refer to the registries."""
+    """Optimizer and loss settings of one agent; names refer to the registries. Every field
+    of `optim:` and `loss:` has its default from the spec, so the two cannot drift."""
 
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (norm still checked)
-    advantage: str = "grpo"
-    policy_loss: str = "grpo"
-    aggregation: str = "token-mean"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip: float | None = None  # c > 1 caps a negative-advantage token's loss at c·|A|
-    kl_coef: float = 0.0
-    old_logprobs: str = "recompute"  # the PPO anchor: behaviour | recompute (losses.ANCHORS)
-    is_cap: float = 2.0  # truncation of the sampler-mismatch importance weight (recompute)
-    skip_zero_advantage: bool = False  # no forward/backward of A = 0 rows (accum.kept_rows)
-    temperature: float = 1.0  # the agent's sampling temperature: logprobs of logits / T
+    lr: float = _OPTIM.lr
+    betas: tuple[float, float] = _OPTIM.betas
+    weight_decay: float = _OPTIM.weight_decay
+    grad_clip: float = _OPTIM.grad_clip  # max global grad norm; 0 disables clipping
+    advantage: str = _LOSS.advantage
+    policy_loss: str = _LOSS.policy_loss
+    aggregation: str = _LOSS.aggregation
+    clip_eps: float = _LOSS.clip_eps
+    clip_eps_high: float | None = _LOSS.clip_eps_high
+    dual_clip: float | None = _LOSS.dual_clip  # c > 1 caps a negative-advantage token's loss
+    kl_coef: float = _LOSS.kl_coef
+    old_logprobs: str = _LOSS.old_logprobs  # the PPO anchor (losses.ANCHORS)
+    is_cap: float = _LOSS.is_cap  # truncation of the sampler-mismatch importance weight
+    skip_zero_advantage: bool = _LOSS.skip_zero_advantage  # accum.kept_rows
+    temperature: float = _SAMPLING.temperature  # the agent's: logprobs of logits / T
     seed: int = 0
     dtype: str = "float32"  # compute + publication dtype; masters are MASTER_DTYPE
     lora: LoraConfig | None = None

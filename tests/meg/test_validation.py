@@ -198,6 +198,15 @@ def test_train_config_takes_every_spec_field() -> None:
     assert (cfg.temperature, cfg.dtype, cfg.seed) == (0.7, "bfloat16", 7)
 
 
+def test_a_default_agent_is_a_default_train_config() -> None:
+    """TrainConfig's defaults are the spec's, written once: an agent with nothing set maps
+    to `TrainConfig()` exactly."""
+    from engines.training.trainer import TrainConfig
+    from meg.spec import AgentSpec
+
+    assert TrainConfig.from_agent(AgentSpec(model="m")) == TrainConfig()
+
+
 def test_lora_spec_reaches_the_trainer_field_by_field() -> None:
     from engines.training.lora import LoraConfig
     from engines.training.trainer import TrainConfig
