@@ -9,7 +9,7 @@ Keys (docs/gpu.md states the targets):
 - `bf16_update_fraction`: of the weights with a nonzero gradient, the share that one AdamW
   step at lr 1e-6 moved in a bfloat16 agent (float32 masters: all of them);
 - `hf_device`, `hf_uses_worker_gpu`: the device the hf rollout engine is built on, as a
-  rollout worker resolves it (engines.rollout.devices);
+  rollout worker resolves it (engines.devices);
 - `hf_decode_tok_s`: hf backend, 64 prompts × 128 new tokens, in the agent's dtype;
 - `swap_out_s`, `swap_in_s`, `swap_ratio_vs_plain`, `swap_out_over_in`: one agent's training
   state (weights + AdamW) out to host memory and back through SlotManager/StateStore, against
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,8 +39,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from bench.common import cpu_model, write_results
+from engines.devices import engine_options, worker_device
 from engines.rollout.base import SamplingParams
-from engines.rollout.devices import engine_options, worker_device
 from engines.rollout.hf_backend import HFBackend
 from engines.training.batch import TrainMicroBatch, build_microbatch
 from engines.training.slots import SlotManager
@@ -153,7 +154,7 @@ def swap_numbers(trainers: list[AgentTrainer], device: str, rounds: int) -> dict
     plain_out, plain_in = plain_copy(state, device)
     # rounds 0 and 1 swap each agent out for the first time (its host buffers are allocated;
     # round 0 swaps nothing in): the steady state is the median of the later rounds
-    steady_out, steady_in = median(outs[2:]), median(ins[2:])
+    steady_out, steady_in = statistics.median(outs[2:]), statistics.median(ins[2:])
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     return {
         "swap_state_gb": nbytes / 1e9,
@@ -166,10 +167,6 @@ def swap_numbers(trainers: list[AgentTrainer], device: str, rounds: int) -> dict
         "swap_out_over_in": steady_out / steady_in,
         "swap_gb_s": 2 * nbytes / 1e9 / (steady_out + steady_in),
     }
-
-
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
 
 
 def plain_copy(state: dict[str, torch.Tensor], device: str) -> tuple[float, float]:

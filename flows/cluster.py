@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from engines.rollout.devices import ROLLOUT_GPU_SHARE
+from engines.devices import ROLLOUT_GPU_SHARE
 
 ROLLOUT, TRAIN = "rollout", "train"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engines.rollout.devices import ROLLOUT_GPU_SHARE
+from engines.devices import ROLLOUT_GPU_SHARE
 from engines.training.checkpoint_index import latest_checkpoint
 from flows.config import validate_spec
 from meg import MEGSpec

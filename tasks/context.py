@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engines.rollout.devices import ROLLOUT_GPU_SHARE
+from engines.devices import ROLLOUT_GPU_SHARE
 from meg import MEGSpec
 
 

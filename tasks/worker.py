@@ -157,8 +157,8 @@ def host_of(ctx: RunContext, agent: str) -> Any:
 
 def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any]]:
     """(host key, backend, local model dir, backend options) of a weight unit's engine."""
+    from engines.devices import engine_options, worker_device
     from engines.rollout.base import AdapterServing
-    from engines.rollout.devices import engine_options, worker_device
 
     # the device options come from this worker's own hardware (its GPU, if it has one)
     device = worker_device(ctx.rollout_gpu_share)

