@@ -13,7 +13,7 @@ def train_run(cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[s
     """`flexmarl train CFG` into `run_dir` on the cluster at `scheduler`, no final export
     (a benchmark measures the run, not the export); returns the run's summary. (Prefect and
     Dask are imported here, not with the module: `bench.gpu` runs on machines without them.)"""
-    from flows.cluster import ClusterConfig
+    from flows.cluster.start import ClusterConfig
     from flows.train import TrainParams, train
 
     return train(

@@ -43,8 +43,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import write_results
-from engines.rollout import RolloutBackend, SamplingParams, make_backend
-from engines.rollout.base import Completion, Cut, CutTracker
+from engines.rollout.base import (
+    Completion,
+    Cut,
+    CutTracker,
+    RolloutBackend,
+    SamplingParams,
+    make_backend,
+)
 from meg import load_meg
 from meg.policies import AprilRollout
 from workloads import BUILTIN

@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import cpu_model, train_run, write_results
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -82,7 +82,7 @@ def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int)
     return path
 
 
-ROLE_PHASES = {"rollout": ("generate", "score"), "train": ("train", "step")}
+ROLE_PHASES = {"rollout": ("generate", "score"), "train": ("train_micro_batch", "optimizer_step")}
 
 
 def idle_ratio(
@@ -106,7 +106,7 @@ def steady_state(
     workers roll out and how many train (a colocated worker counts in both)."""
     rows = [r for r in summary["per_step"] if r["step"] >= 1]
     tasks = json.loads((run_dir / "timeline.json").read_text())
-    begin = max(t["end"] for t in tasks if t["phase"] == "step" and t["step"] == 0)
+    begin = max(t["end"] for t in tasks if t["phase"] == "optimizer_step" and t["step"] == 0)
     end = max(t["end"] for t in tasks)
     busy = sum(max(0.0, min(t["end"], end) - max(t["start"], begin)) for t in tasks)
     wall = end - begin

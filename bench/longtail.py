@@ -56,8 +56,8 @@ from rich.table import Table
 
 from bench.common import train_run, write_results
 from bench.e2e import steady_state
-from flows.cli import main as cli
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cli.main import main as cli
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from storage.store import MEGStore
 from workloads import BUILTIN
 
@@ -148,7 +148,9 @@ def run_arm(cfg: Path, run_dir: Path, scheduler: str | None = None) -> dict[str,
             ),
             3,
         ),
-        "train_s": round(sum(t["end"] - t["start"] for t in tasks if t["phase"] == "train"), 3),
+        "train_s": round(
+            sum(t["end"] - t["start"] for t in tasks if t["phase"] == "train_micro_batch"), 3
+        ),
         "decode_tokens_per_step": statistics.mean(r["decode_tokens"] for r in out["per_step"]),
         "thrown_away_tokens": out["rollout"]["thrown_away_tokens"],
         "offpolicy_frac": out["rollout"]["offpolicy_frac"],

@@ -103,7 +103,7 @@ def measure(cluster: Cluster, name: str, args: list[str], tls: bool, steps: int)
     summary = json.loads((run_dir / "summary.json").read_text())
     tasks = json.loads((run_dir / "timeline.json").read_text())
     rows = [r for r in summary["per_step"] if r["step"] >= 1]
-    begin = max(t["end"] for t in tasks if t["phase"] == "step" and t["step"] == 0)
+    begin = max(t["end"] for t in tasks if t["phase"] == "optimizer_step" and t["step"] == 0)
     end = max(t["end"] for t in tasks)
     busy: dict[str, float] = {}
     for t in tasks:

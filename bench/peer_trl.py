@@ -27,7 +27,7 @@ whose torch has every core (TRL's layout); `ours-async-1` (`--async-arm`) in asy
 one step of staleness on the default cluster (rollout of step k overlaps training of step
 k−1; not TRL's on-policy GRPO). Off by default: `--before` adds `ours-dask-malloc`, the
 default cluster with Dask's `MALLOC_TRIM_THRESHOLD_=65536` (as every worker had before
-`flows.cluster.keep_malloc_defaults`), and `before_over_after` against `ours-default`.
+`flows.cluster.start.keep_malloc_defaults`), and `before_over_after` against `ours-default`.
 
 What is identical on both sides (model, prompts and their token ids, reward code, group
 size, max tokens, sampling, dtype, micro-batches, AdamW settings, grad clip, clip ε, GRPO
@@ -59,7 +59,7 @@ from rich.table import Table
 from bench.common import cpu_model, train_run, write_results
 from bench.e2e import steady_state
 from bench.peer_job import MICRO_BATCHES, NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 
 SIZES = "8x4x32,64x4x128"
 SMALL_SIZES = "4x2x8"
@@ -174,7 +174,7 @@ def clusters(extras: Extras) -> Iterator[dict[str, str]]:
     with `colocated`, `ours-colocated` on one colocated worker whose torch has every core
     (`COLOCATED`, TRL's layout); with `before`, `ours-dask-malloc` on a default one whose
     workers get Dask's `MALLOC_TRIM_THRESHOLD_=65536` (what every worker had before
-    `flows.cluster.keep_malloc_defaults`): the before/after of that change, side by side in
+    `flows.cluster.start.keep_malloc_defaults`): the before/after of that change, side by side in
     one invocation."""
     with ExitStack() as stack:
         out = {"ours": stack.enter_context(dask_cluster(SPREAD)).address}

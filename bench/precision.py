@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from bench.common import cpu_model, train_run, write_results
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
 DTYPES = ("float32", "bfloat16")

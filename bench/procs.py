@@ -45,7 +45,7 @@ def _short(cmdline: list[str]) -> str:
 
 
 def is_prefect_server(cmdline: list[str]) -> bool:
-    """The local Prefect API server `flows.cluster.prefect_api` starts is a uvicorn child."""
+    """The local Prefect API server `flows.cluster.start.prefect_api` starts is a uvicorn child."""
     return any("uvicorn" in a for a in cmdline)
 
 

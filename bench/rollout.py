@@ -49,8 +49,8 @@ import yaml
 from safetensors.torch import load_file
 
 import workloads
-from engines.rollout import RolloutBackend, SamplingParams, make_backend
 from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
+from engines.rollout.base import RolloutBackend, SamplingParams, make_backend
 from workloads.tiny_model import build_tiny_model
 
 

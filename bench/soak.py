@@ -24,7 +24,7 @@ gets the sample and the earlier none (`missed_steps` counts them).
 Growth, per process, against its value at the end of the warm-up (the sample of the last
 step < `--warmup`, when caches, compiled kernels, connection pools and the allocator have
 settled) over the samples of the steps after it. The default warm-up, 50 steps, covers the
-first period of the pipeline's lineage cut (every 20 steps, `flows.pipeline`) and the
+first period of the pipeline's lineage cut (every 20 steps, `flows.orchestrator.pipeline`) and the
 driver's connection pools (its descriptors settle by step ~20); Dask's low-level message
 logs (1,000 batches per connection, bounded) fill for ~120 steps more. `by_warmup` repeats
 the keys for warm-ups of 20, 50 and 100 steps, from the same samples:
@@ -69,7 +69,7 @@ from rich.table import Table
 
 from bench.common import train_run, write_results
 from bench.procs import StepSampler, fill_server_pools
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
 WORKLOADS = ("fanout", "math-chain")

@@ -37,8 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import write_results
-from flows.cli import main as cli
-from flows.cluster import prefect_api
+from flows.cli.main import main as cli
+from flows.cluster.start import prefect_api
 from flows.evaluate import EvalParams, evaluate
 from workloads import BUILTIN
 from workloads.warm_start import PRESET_STEPS

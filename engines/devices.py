@@ -5,7 +5,7 @@ device, how much of its memory, CUDA graphs) are decided there, from what the wo
 never on the driver, whose devices may differ (a laptop driving a GPU cluster). One entry
 per backend in `DEVICE_OPTIONS`; `engine_options(backend, device)` is the one place that
 asks. It lives beside the `engines.rollout` package, not in it: the run's settings
-(`tasks.context`, `flows.cluster`) import its defaults, and the package's `__init__` loads
+(`tasks.context`, `flows.cluster.start`) import its defaults, and the package's `__init__` loads
 both backends and torch (1.2 s), which those light modules must not pay.
 
 What each backend gets:

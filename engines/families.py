@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # annotations only: the driver reads `max_positions` without torch
+    from torch import nn
 
 # input-embedding names that an output head may be tied to, by family layout
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "embed_tokens.weight")

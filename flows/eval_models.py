@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.model_files import local_dir
-from flows.run import RunError, load_run
+from flows.runs.record import RunError, load_run
 from meg import MEGSpec
 
 

@@ -16,7 +16,6 @@ score task does. All in this process: no Dask cluster, no store (a few batched p
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 import tempfile
@@ -30,8 +29,8 @@ import numpy as np
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.config import load_config
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
+from flows.runs.config import load_config
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from tasks.scoring import Views, call_rewards
@@ -106,31 +105,9 @@ def _backend(name: str, path: str) -> Any:
 
 
 def _tokenizer_path(spec: MEGSpec, agent: str, models: dict[str, str]) -> str:
+    """The agent's tokenizer: its `tokenizer`, else the evaluated model's (a run's export
+    carries a copy of the tokenizer it was trained with)."""
     return spec.agents[agent].tokenizer or models[agent]
-
-
-@lru_cache(maxsize=32)
-def _tokenizer_identity(path: str) -> str:
-    """Content hash of a directory's tokenizer files (else the path). Parent ids are spliced
-    only between equal tokenizers; a run's exports are different directories with copies of
-    one tokenizer, and decode/re-encode is not lossless on an untrained model's output."""
-    from engines.training.checkpoint import TOKENIZER_FILES
-
-    p = Path(path)
-    files = sorted(f for f in p.iterdir() if TOKENIZER_FILES.match(f.name)) if p.is_dir() else []
-    if not files:
-        return path
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0" + f.read_bytes())
-    return digest.hexdigest()
-
-
-@lru_cache(maxsize=4096)
-def _encode(path: str, text: str) -> tuple[int, ...]:
-    from tasks.worker import tokenizer
-
-    return tuple(tokenizer(path)(text, add_special_tokens=False)["input_ids"])
 
 
 def _prompt(
@@ -141,32 +118,20 @@ def _prompt(
     done: dict[str, Sampled],
     models: dict[str, str],
 ) -> list[int]:
-    """Prompt ids of one invocation; parents' tokens spliced as in `tasks.rollout`."""
-    from meg.template import prompt_ids
-    from tasks.worker import chat_frame_of, tokenizer
+    """Prompt ids of one invocation, built as a training rollout builds them
+    (`engines.rollout.prompts`)."""
+    from engines.rollout.prompts import invocation_prompt
 
-    nspec = spec.nodes[node]
-    tok_path = _tokenizer_path(spec, nspec.agent, models)
-
-    def encode(text: str) -> list[int]:
-        return list(_encode(tok_path, text))
-
-    shown: dict[str, list[list[int]]] = {}
-    for parent, samples in plan.inputs:
-        parent_tok = _tokenizer_path(spec, spec.nodes[parent].agent, models)
-        same = _tokenizer_identity(parent_tok) == _tokenizer_identity(tok_path)
-        shown[parent] = [
-            list(done[s.id].response_ids) if same else encode(done[s.id].text) for s in samples
-        ]
-    return prompt_ids(
-        nspec.template,
-        chat_frame_of(nspec, tok_path),
-        item.question,
-        shown,
-        encode,
-        eos_id=tokenizer(tok_path).eos_token_id,
-        newline_ids=encode("\n"),
-    )
+    answers = [
+        (
+            parent,
+            _tokenizer_path(spec, spec.nodes[parent].agent, models),
+            [done[s.id].response_ids for s in samples],
+        )
+        for parent, samples in plan.inputs
+    ]
+    tok_path = _tokenizer_path(spec, spec.nodes[node].agent, models)
+    return invocation_prompt(spec.nodes[node], tok_path, item.question, answers)
 
 
 def run_node(
@@ -182,7 +147,7 @@ def run_node(
     """All invocations of `node` over every episode: plan, prompt, generate (greedy, or
     with the agent's own sampling, one seed per prompt)."""
     from engines.rollout.base import SamplingParams
-    from tasks.worker import tokenizer
+    from engines.tokenizers import tokenizer
 
     nspec = spec.nodes[node]
     agent = nspec.agent

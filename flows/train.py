@@ -2,7 +2,7 @@
 
 prepare   resolve the config, create (or reopen) the run directory and the store
 cluster   start or join the Dask cluster (one Prefect API server is already up)
-pipeline  compile MEG × steps × micro-batches into tasks and run them (flows.pipeline)
+pipeline  compile MEG × steps × micro-batches into tasks and run them (flows.orchestrator.pipeline)
 finalize  audit consistency from the store, summarise, plot, publish artifacts, export
 """
 
@@ -19,21 +19,29 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.artifacts import publish, reward_curve, timeline
-from flows.cluster import ClusterConfig, Workers, dask_cluster
-from flows.config import load_config
-from flows.executors import DaskExecutor, PrefectExecutor
-from flows.lease import cluster_lease
-from flows.pipeline import Pipeline, PipelineConfig
-from flows.planning import scoring_plan
-from flows.progress import Progress
-from flows.reach import check_reachable
-from flows.report import reward_gain, summary, timings
-from flows.run import Run, RunError, default_store, load_run, resume_point
-from flows.watch import watch_step
-from meg import MEGSpec
+from flows.cluster.lease import cluster_lease
+from flows.cluster.reach import check_reachable
+from flows.cluster.start import ClusterConfig, Workers, dask_cluster
+from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
+from flows.orchestrator.pipeline import Pipeline
+from flows.orchestrator.planning import scoring_plan
+from flows.orchestrator.watch import watch_step
+from flows.report.artifacts import publish, reward_curve, timeline
+from flows.report.metrics import reward_gain, summary, timings
+from flows.report.progress import Progress
+from flows.runs.config import load_config
+from flows.runs.record import (
+    Run,
+    RunError,
+    already_a_run,
+    default_store,
+    load_run,
+    resume_point,
+)
+from flows.runs.resolve import RUN_FIELDS, resolve
+from meg.limits import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW
 from meg.render import mermaid
-from meg.sizes import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW, step_samples_problem
+from meg.sizes import step_samples_problem
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -41,7 +49,8 @@ from workloads import BUILTIN, plugins
 
 
 class TrainParams(BaseModel):
-    """Parameters of a training run. Unset values come from the MEG's `run:` section."""
+    """Parameters of a training run. The run settings (`mode` ... `balance`) left unset come
+    from the MEG's `run:` section; `plan` merges them once (flows.runs.resolve)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -69,8 +78,8 @@ class TrainParams(BaseModel):
         None, description="fsspec URL of the MEG Store (default <run_dir>/store)"
     )
     resume: str | None = Field(None, description="run directory of a killed run to continue")
-    balance: bool = Field(
-        True, description="hierarchical rollout load balancing (else a static equal split)"
+    balance: bool | None = Field(
+        None, description="hierarchical rollout load balancing (else a static equal split)"
     )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
@@ -93,74 +102,56 @@ class TrainParams(BaseModel):
     )
 
 
-def check(p: TrainParams) -> MEGSpec | None:
-    """Everything a user can get wrong, checked before any server or cluster starts; the
-    spec of a new run (None when resuming: the run keeps its own)."""
-    if p.resume:
-        load_run(Path(p.resume))
-        return None
-    if p.run_dir and (Path(p.run_dir) / "run.json").exists():
-        raise RunError(
-            f"{p.run_dir} already holds a run; use --resume {p.run_dir} to continue "
-            "it, or choose another --run-dir"
-        )
-    spec = load_config(p.config)
-    r = spec.run
-    if p.episodes_per_step and (problem := step_samples_problem(spec, p.episodes_per_step)):
-        raise RunError(f"--episodes-per-step: {problem}")
-    try:
-        scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
-        PipelineConfig(
-            p.steps or r.steps,
-            p.episodes_per_step or r.episodes_per_step,
-            p.micro_batches or r.micro_batches,
-        )
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    return spec
+# TrainParams fields that override the MEG's `run:` settings (flows.runs.resolve).
+RUN_OVERRIDES = tuple(f for f in TrainParams.model_fields if f in RUN_FIELDS)
+_CHECKED: dict[str, Run] = {}  # params JSON → the run `check` planned, for `prepare`
 
 
-def prepare(p: TrainParams) -> Run:
-    """Phase 1: a new run from the config, or the resume point of an existing run."""
-    if p.resume:
-        return resume_point(load_run(Path(p.resume)))
+def plan(p: TrainParams) -> Run:
+    """The new run `p` asks for, resolved and checked, nothing written yet: its directory,
+    and its context whose spec holds the run settings after the command line's overrides."""
     spec = load_config(p.config)
-    r = spec.run
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
-    if (run_dir / "run.json").exists():
-        raise RunError(
-            f"{run_dir} already holds a run; use --resume {run_dir} to continue "
-            "it, or choose another --run-dir"
-        )
-    mode = p.mode or r.mode
+    already_a_run(run_dir)
+    try:
+        spec, sources = resolve(spec, {f: getattr(p, f) for f in RUN_OVERRIDES})
+        scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    if problem := step_samples_problem(spec, spec.run.episodes_per_step):
+        given = sources["episodes_per_step"] == "cli"
+        raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
     ctx = RunContext(
         run_id=f"{spec.name}-{stamp}",
         store_url=p.store or default_store(run_dir),
         spec=spec,
-        mode=mode,
-        staleness=(p.staleness if p.staleness is not None else r.staleness)
-        if mode == "async"
-        else 0,
-        seed=p.seed if p.seed is not None else r.seed,
         train_slots=p.cluster.train_slots,
         rollout_gpu_share=p.cluster.rollout_gpu_share,
-        checkpoint_every=p.checkpoint_every or r.checkpoint_every or 1,
-        keep_checkpoints=p.keep_checkpoints or r.keep_checkpoints,
-        steps=p.steps or r.steps,
     )
-    run = Run(
-        run_dir,
-        ctx,
-        p.steps or r.steps,
-        p.episodes_per_step or r.episodes_per_step,
-        p.micro_batches or r.micro_batches,
-        p.window or r.window,
-        p.balance,
-    )
-    PipelineConfig(run.steps, run.episodes_per_step, run.micro_batches)  # validates sizes
+    return Run(run_dir, ctx, dict(sources))
+
+
+def check(p: TrainParams) -> Run:
+    """Everything a user can get wrong, checked before any server or cluster starts: the run
+    `train(p)` will start (a new run's plan, kept for `prepare`; or the run to resume)."""
+    if p.resume:
+        return load_run(Path(p.resume))
+    run = plan(p)
+    _CHECKED.clear()  # one plan is kept: the one the next `prepare` of the same params uses
+    _CHECKED[p.model_dump_json()] = run
+    return run
+
+
+def prepare(p: TrainParams) -> Run:
+    """Phase 1: a new run written to its directory (the plan `check` made, or a fresh one),
+    or the resume point of an existing run."""
+    if p.resume:
+        return resume_point(load_run(Path(p.resume)))
+    run = _CHECKED.pop(p.model_dump_json(), None) or plan(p)
     run.save()
-    (run_dir / "meg.mmd").write_text(mermaid(spec))
+    (run.dir / "meg.mmd").write_text(mermaid(run.ctx.spec))
+    ctx = run.ctx
     MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
     return run
 
@@ -170,19 +161,18 @@ def run_pipeline(
 ) -> tuple[list[Any], float, float]:
     """Phase 3: the training loop over steps, as a bounded window of compiled steps.
 
-    `watch`: one Prefect task run per step (`flows.watch.watch_step`) over its futures."""
-    cfg = PipelineConfig(
-        run.steps, run.episodes_per_step, run.micro_batches, run.window, run.start_step, run.balance
-    )
+    `watch`: one Prefect task run per step (`flows.orchestrator.watch.watch_step`) over its
+    futures."""
+    steps = run.ctx.steps
     agents = [
         a for a in run.ctx.spec.agents if any(n.agent == a for n in run.ctx.spec.nodes.values())
     ]
     t0 = time.time()
     watchers: list[Any] = []
-    with Progress(agents, run.steps - run.start_step, run.start_step) as progress:
-        pipe = Pipeline(run.ctx, workers, executor, cfg, run.base_versions or {}, progress)
+    with Progress(agents, steps - run.start_step, run.start_step) as progress:
+        pipe = Pipeline(run.ctx, workers, executor, run.start_step, run.base_versions, progress)
         try:
-            for k in range(run.start_step, run.steps):
+            for k in range(run.start_step, steps):
                 pipe.wait_window(k)  # at most `window` steps in flight
                 pipe.submit_rollout(k)  # generate every node, score each group when it can
                 pipe.submit_training(k)  # accumulate micro-batches, step, publish
@@ -208,7 +198,7 @@ def pipeline_flow(
 ) -> list[Any]:
     """The compiled task graph. `per_node`: every generate/score/train/step is a Prefect task
     run (this flow then runs on a DaskTaskRunner); otherwise the nodes are plain Dask futures
-    and one Prefect task run per step covers them (`flows.watch`)."""
+    and one Prefect task run per step covers them (`flows.orchestrator.watch`)."""
     run = resume_point(load_run(Path(run_dir)))
     workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
     if per_node:
@@ -222,7 +212,7 @@ def pipeline_flow(
 
 
 def check_workers(run: Run, workers: Workers) -> None:
-    """Every worker can open the run's local models and store (flows.reach)."""
+    """Every worker can open the run's local models and store (flows.cluster.reach)."""
     from distributed import Client
 
     with Client(workers.address) as client:

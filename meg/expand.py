@@ -16,17 +16,8 @@ from dataclasses import dataclass, field
 
 from meg.fanout import PER_SAMPLE, aggregate
 from meg.graph import topological_order
+from meg.samples import Lineage, SampleInfo
 from meg.spec import MEGSpec, NodeSpec
-
-Lineage = tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SampleInfo:
-    id: str
-    node: str
-    lineage: Lineage
-    score: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,15 +10,12 @@ whole episode, so they cannot drive a choice made inside it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from meg.registry import Registry
-
-if TYPE_CHECKING:
-    from meg.expand import SampleInfo
+from meg.samples import SampleInfo
 
 PER_SAMPLE = "per_sample"
-Aggregate = Callable[[Sequence["SampleInfo"]], tuple["SampleInfo", ...]]
+Aggregate = Callable[[Sequence[SampleInfo]], tuple[SampleInfo, ...]]
 AGGREGATES: Registry[Aggregate] = Registry("aggregating fan-out rule", reserved=(PER_SAMPLE,))
 
 

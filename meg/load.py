@@ -18,9 +18,10 @@ from pydantic import ValidationError
 from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE, known_fanouts
 from meg.graph import children_map, find_cycle
+from meg.limits import MAX_NODES
 from meg.registry import Registry
-from meg.sizes import MAX_NODES, step_samples_problem
-from meg.spec import NAME, MEGSpec, PlacementSpec
+from meg.sizes import step_samples_problem
+from meg.spec import NAME, MEGSpec
 from meg.template import RESERVED, placeholders
 from meg.unroll import unroll_exchange
 
@@ -276,12 +277,6 @@ def check_agents(
                 "clip ranges must be below 1 (the ratio is clipped to [1 - eps, 1 + eps_high]); "
                 f"got clip_eps={loss.clip_eps}, clip_eps_high={loss.clip_eps_high}",
                 f"{where}.loss",
-            )
-        if agent.placement != PlacementSpec():
-            raise fail(
-                "placement hints are not supported yet (the balancer places rollouts from "
-                "measured load and each agent trains on one training worker); remove `placement`",
-                f"{where}.placement",
             )
 
 

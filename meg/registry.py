@@ -12,7 +12,12 @@ of rules everywhere:
   `fn: my_rewards:team_score`): the module is imported, the attribute checked by the
   registry's `check` function, and the result cached under that name. Metadata of such an
   entry comes from the object's `__flexmarl__` attribute (set by the registry's
-  decorator-free helpers, e.g. `workloads.rewards.reward(reads=...)`).
+  decorator-free helpers, e.g. `workloads.rewards.reward(reads=...)`);
+- the modules that hold a registry's built-in entries are named where the registry is made
+  (`builtins=`), the one place that lists them, and imported on its first lookup or listing:
+  no module registers its entries by being imported from a package `__init__` or from the
+  bottom of another module, and a registry whose built-ins need torch costs nothing until
+  someone asks it for a name.
 
 Lives in `meg` (the bottom layer) so that every layer can use it.
 """
@@ -20,6 +25,7 @@ Lives in `meg` (the bottom layer) so that every layer can use it.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -44,8 +50,11 @@ class Registry(Generic[T]):
         reserved: Collection[str] = (),
         importable: bool = False,
         check: Callable[[str, Any], None] | None = None,
+        builtins: Collection[str] = (),
     ) -> None:
         self.kind = kind
+        self._builtins = list(builtins)  # modules not imported yet
+        self._loading = threading.RLock()
         self._reserved = frozenset(reserved)
         self._importable = importable
         self._check = check
@@ -70,7 +79,18 @@ class Registry(Generic[T]):
         self._items[name] = obj
         self._meta[name] = dict(meta)
 
+    def load_builtins(self) -> None:
+        """Import the modules of the built-in entries (once; they register themselves)."""
+        if not self._builtins:
+            return
+        with self._loading:  # another thread may be halfway through the same imports
+            while self._builtins:
+                importlib.import_module(self._builtins[0])
+                self._builtins.pop(0)
+
     def get(self, name: str) -> T:
+        if name not in self._items:
+            self.load_builtins()
         if name not in self._items and self._importable and ":" in name:
             self._import(name)
         try:
@@ -101,9 +121,12 @@ class Registry(Generic[T]):
         self.add(name, obj, **dict(getattr(obj, META_ATTR, {})))
 
     def names(self) -> list[str]:
+        self.load_builtins()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._items:
+            self.load_builtins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:

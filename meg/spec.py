@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
-from meg.sizes import (
+from meg.limits import (
     MAX_DATASET,
     MAX_GROUP,
     MAX_REWARD_PROCESSES,
@@ -26,6 +25,7 @@ from meg.sizes import (
     MAX_TIMEOUT_S,
     MAX_WINDOW,
 )
+from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
 
@@ -97,13 +97,6 @@ class LossSpec(_Frozen):
     )
 
 
-class PlacementSpec(_Frozen):
-    """Hints for the balancer and the slot manager. `None` means: decide from measured load."""
-
-    rollout_hosts: int | None = Field(None, ge=1)
-    train_slot: str | None = None
-
-
 class LoraSpec(_Frozen):
     """A LoRA adapter (Hu et al. 2021) on the agent's `model`, with PEFT's meanings.
 
@@ -151,13 +144,22 @@ class AgentSpec(_Frozen):
     sampling: SamplingSpec = SamplingSpec()
     optim: OptimSpec = OptimSpec()
     loss: LossSpec = LossSpec()
-    placement: PlacementSpec = Field(
-        PlacementSpec(), description="Not supported yet: only the defaults validate."
-    )
     lora: LoraSpec | None = Field(
         None,
         description="Train a LoRA adapter on `model` instead of full weights (`true`: defaults).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_placement(cls, data: Any) -> Any:
+        """Placement is decided from measured load, not written in the MEG (an early format
+        had a `placement:` block that was never honoured)."""
+        if isinstance(data, dict) and "placement" in data:
+            raise ValueError(
+                "`placement` is not an agent field: the balancer places rollouts from measured "
+                "load and each weight unit trains on one training worker; remove it"
+            )
+        return data
 
     @field_validator("lora", mode="before")
     @classmethod
@@ -166,6 +168,11 @@ class AgentSpec(_Frozen):
         if v is True:
             return LoraSpec()
         return None if v is False else v
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Where the agent's tokenizer is: `tokenizer`, else the model's own."""
+        return self.tokenizer or self.model
 
 
 class ChatSpec(_Frozen):
@@ -313,7 +320,10 @@ class ScoringSpec(_Frozen):
 
 
 class RunSpec(_Frozen):
-    """Run-level defaults; every one can be overridden on the command line."""
+    """A run's settings. In a MEG file they are defaults; `flexmarl train` flags override
+    them, and the run's resolved copy (`MEGSpec.run` of the spec in `run.json`) is the only
+    place the pipeline, the tasks and a resume read them from (`flows.runs.config.resolve`).
+    """
 
     steps: int = Field(10, ge=1)
     episodes_per_step: int = Field(8, ge=1, le=MAX_STEP_SAMPLES)
@@ -324,7 +334,7 @@ class RunSpec(_Frozen):
         2, ge=1, le=MAX_WINDOW, description="Steps compiled ahead into the task graph."
     )
     checkpoint_every: int = Field(
-        0, ge=0, description="Optimizer steps between checkpoints; 0 means every step."
+        1, ge=1, description="Optimizer steps between checkpoints (the last step always is)."
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
@@ -343,6 +353,24 @@ class RunSpec(_Frozen):
     scoring: ScoringSpec = Field(
         ScoringSpec(), description="Reward calls: timeout, failure rule, failure budget."
     )
+    balance: bool = Field(
+        True, description="Hierarchical rollout load balancing (else a static equal split)."
+    )
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _every_step_was_zero(cls, v: Any) -> Any:
+        """MEG files and run records from before meant "every step" by 0."""
+        return 1 if v == 0 else v
+
+    @model_validator(mode="after")
+    def _whole_episodes(self) -> RunSpec:
+        if self.episodes_per_step < self.micro_batches:
+            raise ValueError(
+                f"episodes_per_step ({self.episodes_per_step}) must be at least micro_batches "
+                f"({self.micro_batches}): every micro-batch needs one whole episode"
+            )
+        return self
 
 
 class MEGSpec(_Frozen):
@@ -366,6 +394,11 @@ class MEGSpec(_Frozen):
     )
     dataset: DatasetSpec = DatasetSpec(generator="arithmetic")
     run: RunSpec = RunSpec()
+
+    def with_run(self, **values: Any) -> MEGSpec:
+        """This spec with run settings replaced, validated as a MEG's `run:` would be."""
+        run = RunSpec.model_validate(self.run.model_dump() | values)
+        return self.model_copy(update={"run": run})
 
     def node_max_tokens(self, node: str) -> int:
         spec = self.nodes[node]

@@ -1,4 +1,4 @@
-"""Text output for ``flexmarl store ls|show`` (wired into argparse by flows/cli.py).
+"""Text output for ``flexmarl store ls|show`` (wired into argparse by flows/cli/main.py).
 
 Both functions return a string (a rich table rendered to text, or JSON) so they are
 testable without a terminal; user mistakes raise StoreError naming the path.

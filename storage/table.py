@@ -13,11 +13,12 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from storage import segments as seg
+from storage.backends import Backend
 from storage.errors import StoreError, StoreFullError, StoreUnavailableError
 from storage.manifest import (
     TABLE_FORMAT,
@@ -35,8 +36,19 @@ from storage.manifest import (
 )
 from storage.schema import SampleBatch, SegmentKey
 
-if TYPE_CHECKING:
-    from storage.store import MEGStore
+
+class StoreHandle(Protocol):
+    """What a table needs of the store that holds it (`storage.store.MEGStore` is one): the
+    table sits below the store, which makes and caches its tables."""
+
+    backend: Backend
+    run_id: str
+    pid: int
+
+    @property
+    def url(self) -> str: ...
+
+    def check_process(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +66,7 @@ class SegmentRef:
 
 
 class Table:
-    def __init__(self, store: MEGStore, agent: str) -> None:
+    def __init__(self, store: StoreHandle, agent: str) -> None:
         self.store = store
         self.agent = agent
         self.b = store.backend

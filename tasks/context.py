@@ -7,28 +7,60 @@ worker-local caches of `tasks.worker`, keyed by the context.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engines.devices import ROLLOUT_GPU_SHARE
 from meg import MEGSpec
+from meg.spec import RunSpec
 
 
 @dataclass(frozen=True, slots=True)
 class RunContext:
+    """A run's identity (id, store), its resolved spec, and where its work runs.
+
+    `spec.run` holds the run's settings after the command line's overrides, resolved once by
+    `flows.runs.config.resolve` and written to `run.json`; the properties below read them
+    from there, so there is exactly one copy of each.
+    """
+
     run_id: str
     store_url: str
     spec: MEGSpec
-    mode: str = "flex"  # sync | flex | async
-    staleness: int = 0
-    seed: int = 0
     train_slots: int = 2
-    checkpoint_every: int = 1
     storage_options: dict[str, Any] | None = None
-    keep_checkpoints: int = 2
-    steps: int = 0  # steps of the whole run: the last one is always checkpointed (final export)
     rollout_gpu_share: float = ROLLOUT_GPU_SHARE  # a vLLM engine's share of its GPU
+
+    @property
+    def run(self) -> RunSpec:
+        return self.spec.run
+
+    @property
+    def mode(self) -> str:  # sync | flex | async
+        return self.spec.run.mode
+
+    @property
+    def staleness(self) -> int:
+        return self.spec.run.staleness if self.spec.run.mode == "async" else 0
+
+    @property
+    def seed(self) -> int:
+        return self.spec.run.seed
+
+    @property
+    def steps(self) -> int:
+        """Steps of the whole run: the last one is always checkpointed (final export)."""
+        return self.spec.run.steps
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.spec.run.checkpoint_every
+
+    @property
+    def keep_checkpoints(self) -> int:
+        return self.spec.run.keep_checkpoints
 
     @property
     def last_step(self) -> int:
@@ -63,11 +95,26 @@ def _interned(*values: Any) -> RunContext:
     return ctx
 
 
+def worker_name() -> str:
+    """This Dask worker's address (`local-<pid>` outside a worker): where a task ran."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except ValueError:  # not inside a Dask worker
+        return f"local-{os.getpid()}"
+
+
+# Phase names of timelines written before each task kind had one name (bench/results keeps
+# some): read old files through this.
+LEGACY_PHASES = {"train": "train_micro_batch", "step": "optimizer_step"}
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """One task run's interval on one worker: the pipeline timeline is made of these."""
 
-    phase: str  # generate | score | train | step
+    phase: str  # the task kind: generate | score | train_micro_batch | optimizer_step
     agent: str
     step: int
     micro_batch: int
@@ -89,8 +136,6 @@ class Stopwatch:
     start: float = field(default_factory=time.time)
 
     def done(self) -> Timing:
-        from tasks.worker import worker_name
-
         return Timing(
             self.phase,
             self.agent,

@@ -1,7 +1,8 @@
-"""What each task hands back to the driver: small frozen values, no tensors.
+"""What the driver and the tasks hand each other: small frozen values, no tensors.
 
-The driver adds these up (progress, summary, the per-step Prefect task run) and never
-imports the task bodies, which need torch and the engines; so they live apart from them.
+The driver plans episodes, adds up what tasks return (progress, summary, the per-step Prefect
+task run) and never imports the task bodies, which need torch and the engines; so these live
+apart from them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ import numpy as np
 
 from storage.table import SegmentRef
 from tasks.context import Timing
+from workloads.datasets import TaskItem
+
+Episode = tuple[str, TaskItem]  # (episode id, task): what the driver hands a generate task
+
+
+def episode_id(step: int, index: int) -> str:
+    return f"k{step}e{index}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,30 +13,22 @@ from __future__ import annotations
 
 import time
 import zlib
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from prefect import task
 
 from engines.rollout.base import RolloutError, SamplingParams
+from engines.rollout.prompts import invocation_prompt
 from engines.training.publish import latest_published, weights_key
 from meg.expand import SampleInfo, expand_episode, plan_invocations
-from meg.template import prompt_ids
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
-from tasks.refs import GenRef
-from tasks.worker import chat_frame_of, host_of, state_of, store_of, tokenizer, tokenizer_of
-from workloads.datasets import TaskItem
-
-Episode = tuple[str, TaskItem]  # (episode id, task)
-
-
-def episode_id(step: int, index: int) -> str:
-    return f"k{step}e{index}"
+from tasks.refs import Episode, GenRef
+from tasks.worker import host_of, state_of, store_of, tokenizer_of
 
 
 def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
@@ -50,11 +42,6 @@ def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
     except Exception:
         return True
     return False
-
-
-@lru_cache(maxsize=4096)
-def _encode_cached(path: str, text: str) -> tuple[int, ...]:
-    return tuple(tokenizer(path)(text, add_special_tokens=False)["input_ids"])
 
 
 def ensure_weights(ctx: RunContext, host: Any, agent: str, min_version: int) -> int:
@@ -105,15 +92,11 @@ def plan_prompts(
     """Invocation plans (with lineage-correct inputs) and their prompt token ids."""
     spec = ctx.spec
     nspec = spec.nodes[node]
-    agent = spec.agents[nspec.agent]
-    tok_path = agent.tokenizer or agent.model
-    tok = tokenizer(tok_path)
+    tok_path = spec.agents[nspec.agent].tokenizer_path
     batches, index = _parent_infos(ctx, node, step, mb)
     if ctx.spec.run.rollout.carries and nspec.inputs:  # april: only the episodes not cut
         present = {str(e) for b in batches.values() for e in b.episode}
         episodes = tuple(e for e in episodes if e[0] in present)
-    newline = _encode_cached(tok_path, "\n")
-    frame = chat_frame_of(nspec, tok_path)
     plans, prompts = [], []
     for eid, item in episodes:
         symbolic = expand_episode(spec, eid).samples  # lineage is structural
@@ -130,29 +113,16 @@ def plan_prompts(
                 )
             parent_samples[parent] = infos
         for plan in plan_invocations(node, nspec, parent_samples, eid):
-            shown: dict[str, list[list[int]]] = {}
-            for parent, samples in plan.inputs:
-                pa = spec.agents[spec.nodes[parent].agent]
-                same_tok = (pa.tokenizer or pa.model) == tok_path
-                resp = [batches[parent].response(index[s.id]).tolist() for s in samples]
-                if not same_tok:  # different vocabularies: text is the only common ground
-                    ptok = tokenizer(pa.tokenizer or pa.model)
-                    resp = [
-                        list(_encode_cached(tok_path, ptok.decode(r, skip_special_tokens=True)))
-                        for r in resp
-                    ]
-                shown[parent] = resp
-            ids = prompt_ids(
-                nspec.template,
-                frame,
-                item.question,
-                shown,
-                lambda t: list(_encode_cached(tok_path, t)),
-                eos_id=tok.eos_token_id,
-                newline_ids=newline,
-            )
+            answers = [
+                (
+                    parent,
+                    spec.agents[spec.nodes[parent].agent].tokenizer_path,
+                    [batches[parent].response(index[s.id]).tolist() for s in samples],
+                )
+                for parent, samples in plan.inputs
+            ]
             plans.append(plan)
-            prompts.append(ids)
+            prompts.append(invocation_prompt(nspec, tok_path, item.question, answers))
     return plans, prompts
 
 

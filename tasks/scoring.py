@@ -24,9 +24,8 @@ from meg import MEGSpec, ScoreGroup, sinks
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext, Stopwatch
 from tasks.failures import NodeScores, ScoredRows, apply_failure_rule
-from tasks.refs import RewardSum, ScoreRef
+from tasks.refs import Episode, RewardSum, ScoreRef
 from tasks.reward_calls import Call, Job, Outcome, pool_for
-from tasks.rollout import Episode
 from tasks.worker import plugins_of, store_of, tokenizer_of
 from workloads.datasets import TaskItem
 

@@ -1,14 +1,14 @@
 """Training tasks: accumulate one micro-batch, then one optimizer step + publication.
 
-`train_micro_batch(A, k, j)` binds agent A to a training slot on this worker (the slot
-manager swaps the least-recently-used agent out through the StateStore if none is free),
-reads A's scored rows of (k, j) from the store, and accumulates gradients. Pending gradients
-are part of the swapped state, so another agent may use the slot between two micro-batches.
-`optimizer_step(A, k)` steps once — only on exactly the step's micro-batches (see
-`tasks.accounting`, which also rebuilds a trainer a dead worker lost) — publishes version
-k+1 for the rollout hosts, writes the consumption log that makes the consistency rule
-auditable from the store, and checkpoints (always at the run's last step, so the final
-export is the last step's weights whatever `checkpoint_every` says).
+`train_micro_batch(A, k, j)` (body: `accumulate_micro_batch`) binds agent A to a training
+slot on this worker (the slot manager swaps the least-recently-used agent out through the
+StateStore if none is free), reads A's scored rows of (k, j) from the store, and accumulates
+gradients. Pending gradients are part of the swapped state, so another agent may use the slot
+between two micro-batches. `optimizer_step(A, k)` (body: `step_agent`) steps once — only on
+exactly the step's micro-batches (see `tasks.accounting`, which also rebuilds a trainer a dead
+worker lost) — publishes version k+1 for the rollout hosts, writes the consumption log that
+makes the consistency rule auditable from the store, and checkpoints (always at the run's last
+step, so the final export is the last step's weights whatever `checkpoint_every` says).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def trainer_factory(ctx: RunContext, agent: str) -> Any:
     return build
 
 
-def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainRef:
-    watch = Stopwatch("train", agent, step, mb)
+def accumulate_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainRef:
+    watch = Stopwatch("train_micro_batch", agent, step, mb)
     batch, segment_ids = read_scored(ctx, agent, step, mb)
     versions = tuple(int(v) for v in np.unique(batch.policy_version))
 
@@ -78,7 +78,7 @@ def train_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainR
 
 
 def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, ...]) -> StepRef:
-    watch = Stopwatch("step", agent, step)
+    watch = Stopwatch("optimizer_step", agent, step)
     table = store_of(ctx).table(agent)
     logged = already_stepped(ctx, agent, step)
     if logged is not None:  # done before a kill: the checkpoint holds its result
@@ -150,16 +150,23 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
 
 
 @task(
-    name="train-micro-batch",
+    name="train_micro_batch",
     retries=1,
     persist_result=False,
-    task_run_name="train {agent} k={step} mb={mb}",
+    task_run_name="train_micro_batch {agent} k={step} mb={mb}",
 )
-def train(ctx: RunContext, agent: str, step: int, mb: int, after: tuple[Any, ...] = ()) -> TrainRef:
-    return train_micro_batch(ctx, agent, step, mb)
+def train_micro_batch(
+    ctx: RunContext, agent: str, step: int, mb: int, after: tuple[Any, ...] = ()
+) -> TrainRef:
+    return accumulate_micro_batch(ctx, agent, step, mb)
 
 
-@task(name="optimizer-step", retries=1, persist_result=False, task_run_name="step {agent} k={step}")
+@task(
+    name="optimizer_step",
+    retries=1,
+    persist_result=False,
+    task_run_name="optimizer_step {agent} k={step}",
+)
 def optimizer_step(
     ctx: RunContext,
     agent: str,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 from typing import Any
 
 from engines.model_files import local_dir
+from engines.tokenizers import tokenizer
 from meg.sharing import weight_units
 from storage.state import Host, StateStore
 from storage.store import MEGStore
@@ -22,15 +22,6 @@ from workloads.datasets import Splits, load_dataset
 
 _LOCK = threading.Lock()
 _SLOTS: dict[tuple[str, str], Any] = {}
-
-
-def worker_name() -> str:
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().address)
-    except ValueError:  # not inside a Dask worker
-        return f"local-{os.getpid()}"
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,35 +44,8 @@ def state_of(ctx: RunContext) -> StateStore:
     return _state(ctx.state_url, json.dumps(ctx.storage_options or {}, sort_keys=True))
 
 
-@functools.lru_cache(maxsize=32)
-def tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(local_dir(path))
-
-
-@functools.lru_cache(maxsize=64)
-def _chat_frame_ids(path: str, system: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    from meg.template import chat_frame
-
-    tok = tokenizer(path)
-    before, after = chat_frame(tok, system)
-
-    def encode(text: str) -> tuple[int, ...]:
-        return tuple(tok(text, add_special_tokens=False)["input_ids"]) if text else ()
-
-    return encode(before), encode(after)
-
-
-def chat_frame_of(node: Any, tok_path: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The (before, after) ids the tokenizer's chat template puts around a `chat:` node's
-    user message; None for a plain-template node."""
-    return None if node.chat is None else _chat_frame_ids(tok_path, node.chat.system)
-
-
 def tokenizer_of(ctx: RunContext, agent: str) -> Any:
-    a = ctx.spec.agents[agent]
-    return tokenizer(a.tokenizer or a.model)
+    return tokenizer(ctx.spec.agents[agent].tokenizer_path)
 
 
 @functools.lru_cache(maxsize=32)

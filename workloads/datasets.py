@@ -38,7 +38,9 @@ class Splits:
 
 
 Generator = Callable[..., list[tuple[str, str]]]  # (rng, size, **params) -> [(q, a)]
-GENERATORS: Registry[Generator] = Registry("dataset generator", importable=True)
+GENERATORS: Registry[Generator] = Registry(
+    "dataset generator", importable=True, builtins=("workloads.code_tasks",)
+)
 
 
 def register_generator(name: str) -> Callable[[Generator], Generator]:

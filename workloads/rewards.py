@@ -82,7 +82,14 @@ def _check_reward(name: str, fn: Any) -> None:
         )
 
 
-REWARDS: Registry[RewardFn] = Registry("reward function", importable=True, check=_check_reward)
+# The math-verify rewards (`math_answer`, `math_verdict`) and the ones that run model-written
+# code in the sandbox (`code_tests`, `code_assertions`) live in their own modules.
+REWARDS: Registry[RewardFn] = Registry(
+    "reward function",
+    importable=True,
+    check=_check_reward,
+    builtins=("workloads.code_rewards", "workloads.math_rewards"),
+)
 
 
 WARM_UPS: list[tuple[frozenset[str], Callable[[], None]]] = []
@@ -104,6 +111,7 @@ def on_warm_up(*rewards: str) -> Callable[[Callable[[], None]], Callable[[], Non
 
 def warm_up(rewards: Collection[str]) -> None:
     """The warm-ups of the rewards named in `rewards` (each at most once)."""
+    REWARDS.load_builtins()  # their modules declare the warm-ups
     for names, fn in WARM_UPS:
         if names & set(rewards):
             fn()
@@ -282,11 +290,3 @@ def length_penalty(
 ) -> float:
     """exact_answer minus a penalty growing with response length (for shaping experiments)."""
     return float(is_correct(sample.text, task)) - min(len(sample.text) / max_chars, 1.0) * 0.5
-
-
-# The math-verify rewards (`math_answer`, `math_verdict`) and the rewards that run
-# model-written code in the sandbox (`code_tests`, `code_assertions`, with the `code_tasks`
-# generator) live in their own modules; importing them here makes them built-ins like the
-# ones above.
-from workloads import code_rewards as _code_rewards  # noqa: E402, F401
-from workloads import math_rewards as _math_rewards  # noqa: E402, F401

@@ -31,7 +31,12 @@ from storage.table import SegmentRef
 from tasks.context import Timing
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
 
-ROLE = {"generate": "rollout", "score": "rollout", "train": "train", "step": "train"}
+ROLE = {
+    "generate": "rollout",
+    "score": "rollout",
+    "train_micro_batch": "train",
+    "optimizer_step": "train",
+}
 
 
 class StandInTrainer:
@@ -169,7 +174,7 @@ class SimBodies:
                 agent, k, j, segs, (k,), rows, sum(d.response_tokens for d in mine), 0.0, t
             )
 
-        return Work(seconds, make, "train", agent, k, -1 if j is None else j)
+        return Work(seconds, make, "train_micro_batch", agent, k, -1 if j is None else j)
 
     def step(self, kw: dict[str, Any], worker: str) -> Work:
         agent, k = kw["agent"], kw["step"]
@@ -179,7 +184,7 @@ class SimBodies:
         def make(t: Timing) -> StepRef:
             return StepRef(agent, k, k + 1, False, 0.0, 0.0, False, t)
 
-        return Work(seconds, make, "step", agent, k, -1)
+        return Work(seconds, make, "optimizer_step", agent, k, -1)
 
     # ---- training slots -----------------------------------------------------------------
     def _acquire(self, agent: str, worker: str) -> float:
@@ -200,6 +205,6 @@ class SimBodies:
 BODIES = {
     "generate": SimBodies.generate,
     "score": SimBodies.score,
-    "train": SimBodies.train,
-    "step": SimBodies.step,
+    "train_micro_batch": SimBodies.train,
+    "optimizer_step": SimBodies.step,
 }

@@ -1,12 +1,12 @@
 """A discrete-event `Executor`: the compiled task graph runs on simulated workers.
 
-`flows.pipeline.Pipeline` only talks to its executor through `submit(kind, kwargs, pin)`,
-`done(handle)`, `results(handles)` and `idle(seconds)`. `SimExecutor` implements exactly
+`flows.orchestrator.pipeline.Pipeline` only talks to its executor through `submit(kind, kwargs,
+pin)`, `done(handle)`, `results(handles)` and `idle(seconds)`. `SimExecutor` implements exactly
 that, so the simulator runs the very graph the pipeline compiles, with the same balancer,
 priorities, windows and failure budget; only the task bodies are replaced (`Bodies`: a cost
 model that says how long a task takes and builds the result the real body would return).
 
-Semantics, copied from how Dask runs our graph (`flows.cluster`: one thread per worker,
+Semantics, copied from how Dask runs our graph (`flows.cluster.start`: one thread per worker,
 tasks pinned by a resource named after the worker):
 
 - dependencies are the handles found in the kwargs (`after`, `weights`, `trains`, ...),

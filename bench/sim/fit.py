@@ -37,6 +37,7 @@ import numpy as np
 from bench.sim.calibration import EMPIRICAL_LENGTHS, EMPIRICAL_PROMPTS
 from meg import MEGSpec, expand_episode
 from storage.store import MEGStore
+from tasks.context import LEGACY_PHASES
 
 QUANTILES = 11  # 0, 0.1, ..., 1
 
@@ -114,13 +115,13 @@ def task_rows(spec: MEGSpec, tasks: list[dict[str, Any]], episodes_per_mb: float
         seconds = t["end"] - t["start"]
         if t["phase"] == "generate" and len(nodes) == 1:
             gen.append((1.0, *tokens[nodes[0]], seconds))
-        elif t["phase"] == "train":
+        elif t["phase"] == "train_micro_batch":
             train.append((1.0, sum(sum(tokens[n]) for n in nodes), seconds))
     return {
         "gen": gen,
         "train": train,
         "score": [t["end"] - t["start"] for t in tasks if t["phase"] == "score"],
-        "step": [t["end"] - t["start"] for t in tasks if t["phase"] == "step"],
+        "step": [t["end"] - t["start"] for t in tasks if t["phase"] == "optimizer_step"],
         "gaps": worker_gaps(tasks),
     }
 
@@ -171,7 +172,19 @@ def timelines(runs: Path, workload: str, arm: str) -> list[list[dict[str, Any]]]
     """Every repeat's tasks of steps ≥ 1 of one workload and arm."""
     name = re.compile(rf"{re.escape(workload)}-{re.escape(arm)}-\d+\.timeline\.json")
     files = sorted(f for f in runs.glob("*.timeline.json") if name.fullmatch(f.name))
-    return [[t for t in json.loads(f.read_text()) if t["step"] >= 1] for f in files]
+    return [
+        [
+            t | {"phase": LEGACY_PHASES.get(t["phase"], t["phase"])}
+            for t in load(f)
+            if t["step"] >= 1
+        ]
+        for f in files
+    ]
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = json.loads(path.read_text())
+    return tasks
 
 
 def e2e_fit(

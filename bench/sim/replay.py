@@ -17,9 +17,9 @@ from bench.sim.bodies import SimBodies
 from bench.sim.costs import Costs
 from bench.sim.executor import SimExecutor, SimTask
 from bench.sim.lengths import Lengths
-from flows.cluster import Workers
-from flows.pipeline import Pipeline, PipelineConfig
-from flows.report import per_step, timings
+from flows.cluster.start import Workers
+from flows.orchestrator.pipeline import Pipeline
+from flows.report.metrics import per_step, timings
 from meg import MEGSpec
 from tasks.context import RunContext, Timing
 
@@ -74,7 +74,7 @@ def steady_state(
     """(step_s, utilization) over steps ≥ 1: the window from the end of step 0 to the end of
     the run, each task clipped to it and weighted by its worker's accelerators."""
     later = [r["wall_s"] for r in rows if r["step"] >= 1] or [r["wall_s"] for r in rows]
-    begin = max((t.end for t in ts if t.phase == "step" and t.step == 0), default=0.0)
+    begin = max((t.end for t in ts if t.phase == "optimizer_step" and t.step == 0), default=0.0)
     end = max(t.end for t in ts)
     busy = sum(max(0.0, min(t.end, end) - max(t.start, begin)) * accel[t.worker] for t in ts)
     total = (end - begin) * sum(accel.values())
@@ -97,22 +97,27 @@ def simulate(
 ) -> SimRun:
     """Run the pipeline's graph for `steps` steps on simulated workers (`keep_edge`: a
     what-if filter on its edges, see `SimExecutor`)."""
+    run = dict(
+        mode=arm.mode,
+        staleness=arm.staleness,
+        seed=seed,
+        steps=steps,
+        episodes_per_step=episodes,
+        micro_batches=micro_batches,
+        window=window,
+        balance=arm.balance,
+    )
     ctx = RunContext(
         run_id=f"sim-{spec.name}-{arm.mode}",
         store_url="memory://sim",
-        spec=spec,
-        mode=arm.mode,
-        staleness=arm.staleness if arm.mode == "async" else 0,
-        seed=seed,
+        spec=spec.with_run(**run),
         train_slots=layout.train_slots,
-        steps=steps,
     )
     bodies = SimBodies(
         spec, costs, lengths, prompt_tokens, layout.accel, layout.train_slots, seed, ctx.run_id
     )
     ex = SimExecutor(bodies, layout.workers, costs.dispatch_s, costs.cores, keep_edge)
-    cfg = PipelineConfig(steps, episodes, micro_batches, window, 0, arm.balance)
-    pipe = Pipeline(ctx, layout.pins(), ex, cfg, {})
+    pipe = Pipeline(ctx, layout.pins(), ex)
     for k in range(steps):
         pipe.wait_window(k)
         pipe.submit_rollout(k)
@@ -126,9 +131,9 @@ def simulate(
         "swaps": bodies.swaps,
         "loads": bodies.loads,
         "switches": bodies.switches,
-        "rebalances": int(getattr(pipe.balancer, "changes", 0)),
+        "rebalances": int(getattr(pipe.place.balancer, "changes", 0)),
     }
-    ends = [t.end for t in ts if t.phase == "step"]
-    first = max(t.end for t in ts if t.phase == "step" and t.step == 0)
+    ends = [t.end for t in ts if t.phase == "optimizer_step"]
+    first = max(t.end for t in ts if t.phase == "optimizer_step" and t.step == 0)
     mean = (max(ends) - first) / (steps - 1) if steps > 1 else max(ends)
     return SimRun(step_s, mean, util, max(t.end for t in ts), tuple(ts), tuple(rows), counts)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from bench.sim.calibration import ACC_64G, MODELS, PAPER_LENGTHS, PAPER_PROMPT_TOKENS
 from bench.sim.lengths import Lengths, LogNormalLengths
 from bench.sim.replay import Arm, Layout
-from engines.training import loss_names
+from engines.training.catalog import loss_names
 from meg import MEGSpec, build_spec, validate
 from workloads.rewards import known_rewards
 

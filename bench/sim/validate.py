@@ -66,7 +66,7 @@ class Sizes:
 def e2e_specs(e2e_json: Path, workloads: tuple[str, ...] = ()) -> tuple[dict[str, MEGSpec], Sizes]:
     """The MEGs `bench/e2e.py` ran (its `config_copy`), and its sizes, from its JSON."""
     from bench.e2e import config_copy
-    from flows.config import load_config
+    from flows.runs.config import load_config
 
     res = json.loads(e2e_json.read_text())
     sizes = Sizes(int(res["steps"]), int(res["episodes_per_step"]))

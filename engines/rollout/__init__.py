@@ -1,38 +1,7 @@
-"""Rollout Engine: token-in/token-out backends, model hosts and the load balancer.
+"""Rollout Engine: token-in/token-out backends (`base`, `hf_backend`, `vllm_backend`), model
+hosts (`hosts`) and the load balancer (`balancer`).
 
-Importing this package registers the `vllm` and `hf` backends; neither imports its heavy
-library (vLLM, transformers) until a backend is constructed.
+Import what you use from its module (`engines.rollout.base.make_backend`). This package
+imports nothing itself, so that the driver can use the pure-Python balancer without torch;
+the backends are registered by `engines.rollout.base.BACKENDS`, which names their modules.
 """
-
-from engines.rollout import hf_backend, vllm_backend  # noqa: F401 — registers the backends
-from engines.rollout.base import (
-    BadRequestError,
-    Completion,
-    HostCrashedError,
-    ModelNotFoundError,
-    PromptTooLongError,
-    RolloutBackend,
-    RolloutError,
-    SamplingParams,
-    UnknownBackendError,
-    WeightUpdateError,
-    known_backends,
-    make_backend,
-    register_backend,
-)
-
-__all__ = [
-    "BadRequestError",
-    "Completion",
-    "HostCrashedError",
-    "ModelNotFoundError",
-    "PromptTooLongError",
-    "RolloutBackend",
-    "RolloutError",
-    "SamplingParams",
-    "UnknownBackendError",
-    "WeightUpdateError",
-    "known_backends",
-    "make_backend",
-    "register_backend",
-]

@@ -27,12 +27,13 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engines.families import max_positions
 from meg.registry import Registry
+
+if TYPE_CHECKING:  # the driver imports this module (errors, SamplingParams) and never torch
+    from torch import Tensor
 
 FINISH_REASONS = ("stop", "length", "partial")
 
@@ -209,7 +210,9 @@ class RolloutBackend(Protocol):
     def max_context(self) -> int: ...
 
 
-BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend")
+BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry(
+    "rollout backend", builtins=("engines.rollout.hf_backend", "engines.rollout.vllm_backend")
+)
 
 
 def register_backend(name: str) -> Callable[[type], type]:

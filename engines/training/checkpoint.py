@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +37,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
+from engines.tokenizers import TOKENIZER_FILES
 from engines.training.checkpoint_files import (
     META_FILE,
     STATE_FILE,
@@ -65,10 +65,6 @@ from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.fs import open_fs
 
 log = logging.getLogger(__name__)
-TOKENIZER_FILES = re.compile(
-    r"^(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
-    r"|.*\.model|chat_template.*)$"
-)
 
 
 def _unshare(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -1,6 +1,6 @@
 """Which checkpoints exist under an agent's root, which is the newest intact one, and pruning.
 
-Torch-free on purpose: the driver answers "where does a resume start?" (`flows.run`) and the
+Torch-free on purpose: the driver answers "where does a resume start?" (`flows.runs.record`) and the
 training tasks count already-trained steps (`tasks.accounting`) from these, and the driver
 must not pay torch's import for it. Loading and writing the tensors is `checkpoint`.
 """

@@ -45,13 +45,9 @@ def register_policy_loss(
 ) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: `@register_policy_loss("grpo")`. `zero_at_zero_advantage`: the loss of a
     sequence whose advantage is 0 is 0 for every parameter value when there is no KL term
-    (so its gradient is exactly 0, and zero-advantage skipping is exact for this loss)."""
+    (so its gradient is exactly 0, and zero-advantage skipping is exact for this loss). The
+    built-ins' names and flags are also declared torch-free in `catalog.py` for the driver."""
     return POLICY_LOSSES.register(name, zero_at_zero_advantage=zero_at_zero_advantage)
-
-
-def zero_at_zero_advantage(name: str) -> bool:
-    """Whether policy loss `name` declared its loss 0 at A = 0 (without KL)."""
-    return bool(POLICY_LOSSES.meta(name).get("zero_at_zero_advantage"))
 
 
 def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:

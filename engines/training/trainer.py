@@ -68,6 +68,7 @@ from torch import Tensor, nn
 from engines.training.accum import Accum, kept_rows, normaliser
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
+from engines.training.catalog import zero_at_zero_advantage
 from engines.training.config import (
     DTYPES,
     STATE_FORMAT,
@@ -76,7 +77,7 @@ from engines.training.config import (
     TrainConfig,
     autocast,
 )
-from engines.training.losses import anchor, policy_loss, zero_at_zero_advantage
+from engines.training.losses import anchor, policy_loss
 from engines.training.reference import reference_model
 from engines.training.weights import PolicyWeights, make_weights
 

@@ -1,4 +1,5 @@
-"""The training benchmark runs at small size and reports sane values (never timings)."""
+"""The training benchmark runs at small size and reports sane values, and its memory ratio
+points the right way (never timings)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,11 @@ def test_small_run_writes_json(tmp_path: Path) -> None:
     assert res["logprob_response_tokens"] < res["logprob_seq_len"]
     diff = res["logprob_sum_rel_diff"]
     assert isinstance(diff, float) and diff < 1e-4  # both variants computed the same loss
+    # logprob_memory_ratio (0.134 at full size): the chunked response-only path peaks below
+    # the full-vocabulary one at this size too (a vocabulary of 32,000 dominates the model);
+    # a peak of memory, not a timing. swap_ratio_vs_copy and grad_accum_overhead are
+    # wall-clock ratios of millisecond operations here: noise, so not asserted
+    assert res["logprob_memory_ratio"] < 1.0
 
 
 def test_only_train_skips_the_memory_part() -> None:

@@ -1,5 +1,7 @@
 """A small run of the word-problems benchmark keeps it working (keys and consistency, never
-whether a 1-step run learned)."""
+whether a 1-step run learned: the headline, the held-out team reward rising 0.627 -> 0.856
+after 60 steps, is not a direction 1 RL step after a 2-step warm start shows; on 8
+held-out problems one greedy answer moves the score by 0.125)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.cluster import QUIET_DASK
+from flows.cluster.start import QUIET_DASK
 from tests.cluster.hosts import PYTHON, Host, Hosts, namespace_hosts, wait_port
 from tests.cluster.tls import TlsFiles, make_tls
 

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engines.families import checkpoint_names, parameter_aliases
-from engines.rollout import RolloutBackend, SamplingParams, make_backend
+from engines.rollout.base import RolloutBackend, SamplingParams, make_backend
 from engines.training.batch import build_microbatch
 from engines.training.checkpoint import export_hf, restore_trainer, save_checkpoint
 from engines.training.slots import SlotManager

@@ -29,7 +29,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def cluster(prefect_server: str) -> Iterator[str]:
     """Scheduler address of a local cluster started exactly as `flexmarl train` starts one."""
-    from flows.cluster import ClusterConfig, dask_cluster
+    from flows.cluster.start import ClusterConfig, dask_cluster
 
     with dask_cluster(ClusterConfig()) as workers:
         yield workers.address

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ def test_the_weights_report_counts_bf16_training_in_float32_masters(
     import yaml
     from transformers import AutoModelForCausalLM
 
-    from flows.weights_report import held
+    from flows.report.weights import held
     from meg.load import load_meg
 
     cfg = _lora_fanout(tmp_path, tiny_model, planner={"r": 8, "target_modules": ["q_proj"]})
@@ -211,7 +211,7 @@ def test_a_worker_named_after_a_role_is_refused(capsys: pytest.CaptureFixture[st
 
 
 def test_layout_hint_only_for_one_agent_on_policy_on_the_default_local_cluster() -> None:
-    from flows.cluster import ClusterConfig, layout_hint
+    from flows.cluster.start import ClusterConfig, layout_hint
 
     hint = layout_hint(1, "flex", 2, ClusterConfig(), 2)
     assert hint is not None and "`--rollout-workers 2 --train-threads 2`" in hint
@@ -232,8 +232,8 @@ def test_train_prints_the_hint_for_a_one_agent_config(
     tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bench.peer_job import Job, meg_config
-    from flows.cli import build_parser
-    from flows.commands import train_hint, train_params
+    from flows.cli.commands import train_hint, train_params
+    from flows.cli.main import build_parser
     from flows.train import check
     from tests.flows.conftest import write_config
 

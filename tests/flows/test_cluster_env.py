@@ -1,4 +1,4 @@
-"""What a local cluster's worker processes inherit (flows.cluster.dask_cluster)."""
+"""What a local cluster's worker processes inherit (flows.cluster.start.dask_cluster)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from distributed import Client
 from distributed.nanny import _get_env_variables
 from pydantic import ValidationError
 
-from flows.cluster import keep_malloc_defaults
+from flows.cluster.start import keep_malloc_defaults
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +50,8 @@ def _torch_threads() -> int:
 
 def test_threads_reach_torch_and_one_colocated_worker_can_be_joined(cluster: str) -> None:
     """One torch thread per worker by default (the workers share the cores); `threads=N`
-    gives each worker N, through both variables torch reads (flows.cluster.thread_env)."""
-    from flows.cluster import ClusterConfig, dask_cluster
+    gives each worker N, through both variables torch reads (flows.cluster.start.thread_env)."""
+    from flows.cluster.start import ClusterConfig, dask_cluster
 
     with Client(cluster) as client:
         assert set(client.run(_torch_threads).values()) == {1}
@@ -76,7 +76,7 @@ TORCH_FIRST_DRIVER = """
 import json, sys
 import torch  # noqa: F401  (first, as a benchmark's main module does)
 from distributed import Client
-from flows.cluster import ClusterConfig, dask_cluster
+from flows.cluster.start import ClusterConfig, dask_cluster
 
 def threads():
     import torch
@@ -95,7 +95,7 @@ if __name__ == "__main__":
 def test_threads_reach_torch_when_the_driver_imported_it_first(tmp_path: Path) -> None:
     """`train_threads` gives the training worker its threads and leaves the rollout
     worker's at one, even when the driver's main module imported torch first
-    (flows.threads.TorchThreads)."""
+    (flows.cluster.threads.TorchThreads)."""
     script = tmp_path / "driver.py"
     script.write_text(TORCH_FIRST_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -108,7 +108,7 @@ def test_threads_reach_torch_when_the_driver_imported_it_first(tmp_path: Path) -
 
 
 def test_train_threads_config() -> None:
-    from flows.cluster import ROLLOUT, TRAIN, ClusterConfig
+    from flows.cluster.start import ROLLOUT, TRAIN, ClusterConfig
 
     cfg = ClusterConfig(threads=3, train_threads=2)
     assert (cfg.threads_of(ROLLOUT), cfg.threads_of(TRAIN)) == (3, 2)
@@ -127,7 +127,7 @@ def test_each_worker_gets_the_spec_the_cluster_class_makes_for_it() -> None:
     for that worker; our roles and thread settings are added to that spec, not to a shared
     template (before, every worker got the first worker's GPU). No GPU here: a named fake
     of dask-cuda's rotation (tests/flows/fake_cuda_cluster.py)."""
-    from flows.cluster import ClusterConfig, dask_cluster
+    from flows.cluster.start import ClusterConfig, dask_cluster
 
     cfg = ClusterConfig(
         cluster_class="tests.flows.fake_cuda_cluster.FakeCUDACluster",

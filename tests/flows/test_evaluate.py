@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 from flows.evaluate import EvalParams, evaluate
-from flows.run import Run, default_store
-from meg import load_meg
+from flows.runs.record import Run, default_store
+from meg import MEGSpec, load_meg
 from tasks.context import RunContext
 from tests.flows.conftest import write_config
 from workloads.rewards import known_rewards
@@ -43,6 +43,10 @@ def test_cli_evaluates_a_model_dir_and_writes_json(
     assert "greedy on 8 eval tasks" in printed and "verifier" in printed
 
 
+def one_step(spec: MEGSpec) -> MEGSpec:
+    return spec.with_run(steps=1, episodes_per_step=4, micro_batches=1, window=1)
+
+
 def make_run_dir(tmp: Path, cfg: Path, model: str) -> Path:
     """A run directory as `flexmarl train` leaves it: run.json, final/solver, and only a
     checkpoint (no export) for the verifier: both lookup paths of `evaluate`."""
@@ -52,8 +56,8 @@ def make_run_dir(tmp: Path, cfg: Path, model: str) -> Path:
 
     run_dir = tmp / "run"
     spec = load_meg(cfg, known_rewards=known_rewards())
-    ctx = RunContext("math-chain-test", default_store(run_dir), spec)
-    Run(run_dir, ctx, 1, 4, 1, 1, True).save()
+    ctx = RunContext("math-chain-test", default_store(run_dir), one_step(spec))
+    Run(run_dir, ctx).save()
     shutil.copytree(model, run_dir / "final" / "solver")
     trainer = AgentTrainer("verifier", model, TrainConfig())
     save_checkpoint(trainer, checkpoint_dir(ctx.checkpoint_root("verifier"), 1))
@@ -96,7 +100,7 @@ def test_run_without_exports_or_checkpoints_and_bad_limit_are_user_errors(
     cfg = write_config(tmp_path, tiny_model)
     run_dir = tmp_path / "run"
     spec = load_meg(cfg, known_rewards=known_rewards())
-    Run(run_dir, RunContext("r", default_store(run_dir), spec), 1, 4, 1, 1, True).save()
+    Run(run_dir, RunContext("r", default_store(run_dir), one_step(spec))).save()
     with pytest.raises(ValueError, match="neither final/solver/ nor a checkpoint"):
         evaluate(EvalParams(config=str(cfg), checkpoint=str(run_dir)))
     assert main(["evaluate", str(cfg), "--base", "--limit", "0"]) == 2
@@ -121,8 +125,8 @@ def test_a_lora_run_is_evaluated_with_its_adapters_merged(tmp_path: Path, tiny_m
     cfg.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
     spec = load_meg(cfg, known_rewards=known_rewards())
-    ctx = RunContext("math-chain-lora", default_store(run_dir), spec)
-    Run(run_dir, ctx, 1, 4, 1, 1, True).save()
+    ctx = RunContext("math-chain-lora", default_store(run_dir), one_step(spec))
+    Run(run_dir, ctx).save()
     lora = TrainConfig(lora=LoraConfig())
     solver, verifier = (AgentTrainer(a, tiny_model, lora) for a in ("solver", "verifier"))
     try:

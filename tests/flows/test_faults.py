@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flows.cluster import ClusterConfig, dask_cluster
+from flows.cluster.start import ClusterConfig, dask_cluster
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.store import MEGStore

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.cluster import ClusterConfig
+from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.store import MEGStore
@@ -93,7 +93,7 @@ def test_word_problems_train_with_math_verify_rewards_in_worker_threads(
     Dask worker threads, and the reviser sees the verdict and the answer it judged."""
     from transformers import AutoTokenizer
 
-    from flows.config import load_config
+    from flows.runs.config import load_config
     from workloads.datasets import load_dataset
     from workloads.math_rewards import math_correct
 

@@ -1,5 +1,5 @@
 """Two runs on one shared cluster: the second is refused at start, naming the first; a
-driver killed without closing frees the cluster after the lease timeout (flows/lease.py)."""
+driver killed without closing frees the cluster after the lease timeout (flows/cluster/lease.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.cluster import ClusterConfig
-from flows.lease import cluster_lease
-from flows.run import RunError
+from flows.cluster.lease import cluster_lease
+from flows.cluster.start import ClusterConfig
+from flows.runs.record import RunError
 from flows.train import TrainParams, train
 from tests.flows.conftest import write_config
 
@@ -51,7 +51,7 @@ def test_a_killed_driver_frees_the_cluster_after_the_lease_timeout(tmp_path: Pat
     with dask.config.set(fast), LocalCluster(n_workers=0, host="127.0.0.1") as local:
         code = (
             "import sys, time\n"
-            "from flows.lease import cluster_lease\n"
+            "from flows.cluster.lease import cluster_lease\n"
             f"held = cluster_lease({local.scheduler_address!r}, 'killed-run', '/runs/k')\n"
             "held.__enter__()\n"
             "print('held', flush=True)\n"

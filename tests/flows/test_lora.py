@@ -16,7 +16,7 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from engines.training.lora import is_adapter_dir, read_adapter
-from flows.cluster import ClusterConfig
+from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.state import StateStore

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.cluster import Workers
-from flows.pipeline import Pipeline, PipelineConfig, StepLog, need_order, task_priority
+from flows.cluster.start import Workers
+from flows.orchestrator.futures import StepLog
+from flows.orchestrator.pipeline import Pipeline, task_priority
+from flows.orchestrator.placement import need_order
 from meg import build_spec, load_meg, topological_order, validate
 from tasks.context import RunContext
 from workloads import BUILTIN
@@ -56,9 +58,10 @@ class Recorder:
 
 def compile_steps(workload: str, mode: str, steps: int = 2, mb: int = 2) -> Pipeline:
     spec = load_meg(BUILTIN[workload], known_rewards=known_rewards(), check_models=False)
-    ctx = RunContext("r", "memory://x", spec, mode=mode)
+    spec = spec.with_run(mode=mode, steps=steps, episodes_per_step=4, micro_batches=mb)
+    ctx = RunContext("r", "memory://x", spec)
     workers = Workers("tcp://s", ("R",), ("T",), {w: {"resources": {w: 1}} for w in "RT"})
-    pipe = Pipeline(ctx, workers, Recorder(), PipelineConfig(steps, 4, mb), {})
+    pipe = Pipeline(ctx, workers, Recorder())
     for k in range(steps):
         pipe.submit_rollout(k)
         pipe.submit_training(k)
@@ -72,33 +75,47 @@ def test_flex_scores_each_group_as_soon_as_it_can_and_trains_on_it() -> None:
         for j in range(2):
             # micro-batches flow through each node in order
             if j:
-                assert id(p.gen[("plan", k, 0)]) in p.gen[("plan", k, 1)].after
+                assert (
+                    id(p.futures["generate"][("plan", k, 0)])
+                    in p.futures["generate"][("plan", k, 1)].after
+                )
             # a worker's group waits only for that worker's node ...
-            work_s = next(h for (kk, jj, g), h in p.score.items() if (kk, jj) == (k, j) and g == 0)
+            work_s = next(
+                h for (kk, jj, g), h in p.futures["score"].items() if (kk, jj) == (k, j) and g == 0
+            )
             assert work_s.kwargs["group"].nodes == ("work_s",)
-            assert work_s.after == ids(p.gen[("work_s", k, j)])
+            assert work_s.after == ids(p.futures["generate"][("work_s", k, j)])
             # ... so `short` trains without waiting for the aggregate; the planner must wait
-            assert ids(work_s) <= p.train[("short", k, j)].after
-            team = p.score[(k, j, 3)]
+            assert ids(work_s) <= p.futures["train_micro_batch"][("short", k, j)].after
+            team = p.futures["score"][(k, j, 3)]
             assert team.kwargs["group"].nodes == ("plan", "aggregate")
-            assert team.after == ids(p.gen[("aggregate", k, j)])
-            assert ids(team) <= p.train[("planner", k, j)].after
-            assert not ids(team) & p.train[("short", k, j)].after
+            assert team.after == ids(p.futures["generate"][("aggregate", k, j)])
+            assert ids(team) <= p.futures["train_micro_batch"][("planner", k, j)].after
+            assert not ids(team) & p.futures["train_micro_batch"][("short", k, j)].after
     # zero staleness per agent: step-1 generation waits for its own agent's step 0 only
-    assert p.gen[("work_s", 1, 0)].after == ids(p.gen[("plan", 1, 0)], p.step[("short", 0)])
+    assert p.futures["generate"][("work_s", 1, 0)].after == ids(
+        p.futures["generate"][("plan", 1, 0)], p.futures["optimizer_step"][("short", 0)]
+    )
     # placement: rollout and scoring on the rollout worker, training on the training worker
     kinds = {(t.kind, t.worker) for t in p.ex.tasks}  # type: ignore[attr-defined]
-    assert kinds == {("generate", "R"), ("score", "R"), ("train", "T"), ("step", "T")}
+    assert kinds == {
+        ("generate", "R"),
+        ("score", "R"),
+        ("train_micro_batch", "T"),
+        ("optimizer_step", "T"),
+    }
 
 
 def test_sync_scores_once_per_micro_batch_behind_a_barrier() -> None:
     p = compile_steps("fanout", "sync")
-    assert len(p.score) == 2 * 2  # steps × micro-batches
-    step0 = {id(h) for (k, _, _), h in p.score.items() if k == 0}
+    assert len(p.futures["score"]) == 2 * 2  # steps × micro-batches
+    step0 = {id(h) for (k, _, _), h in p.futures["score"].items() if k == 0}
     for agent in p.agents:
-        assert step0 <= p.train[(agent, 0, 0)].after  # every score of the step
-    barrier = {id(p.step[(a, 0)]) for a in p.agents}
-    assert barrier <= p.gen[("plan", 1, 0)].after  # every agent's step 0
+        assert (
+            step0 <= p.futures["train_micro_batch"][(agent, 0, 0)].after
+        )  # every score of the step
+    barrier = {id(p.futures["optimizer_step"][(a, 0)]) for a in p.agents}
+    assert barrier <= p.futures["generate"][("plan", 1, 0)].after  # every agent's step 0
 
 
 def test_priorities_put_earlier_steps_micro_batches_and_needed_agents_first() -> None:
@@ -110,13 +127,16 @@ def test_priorities_put_earlier_steps_micro_batches_and_needed_agents_first() ->
     step0 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 0]  # type: ignore[attr-defined]
     step1 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 1]  # type: ignore[attr-defined]
     assert min(step0) > max(step1)
-    assert min(h.priority for (_, k, j), h in p.gen.items() if (k, j) == (0, 0)) > max(
-        h.priority for (_, k, j), h in p.gen.items() if (k, j) == (0, 1)
-    )
+    assert min(
+        h.priority for (_, k, j), h in p.futures["generate"].items() if (k, j) == (0, 0)
+    ) > max(h.priority for (_, k, j), h in p.futures["generate"].items() if (k, j) == (0, 1))
     # the planner's micro-batches and step before the short worker's, before the aggregator's
-    rank = {a: p.step[(a, 0)].priority for a in p.agents}
+    rank = {a: p.futures["optimizer_step"][(a, 0)].priority for a in p.agents}
     assert rank["planner"] > rank["short"] > rank["aggregator"]
-    assert p.train[("planner", 0, 1)].priority > p.train[("short", 0, 0)].priority
+    assert (
+        p.futures["train_micro_batch"][("planner", 0, 1)].priority
+        > p.futures["train_micro_batch"][("short", 0, 0)].priority
+    )
     assert task_priority(0, 10**5) > task_priority(1, 0)
 
 
@@ -143,28 +163,33 @@ def test_agents_sharing_a_base_are_placed_together() -> None:
     for agent in ("planner", "short", "medium", "long"):
         data["agents"][agent]["lora"] = True
     spec = validate(build_spec(data), known_rewards=known_rewards(), check_models=False)
-    ctx = RunContext("r", "memory://x", spec, mode="flex")
+    spec = spec.with_run(mode="flex", steps=1, episodes_per_step=4, micro_batches=2)
+    ctx = RunContext("r", "memory://x", spec)
     pins = {w: {"resources": {w: 1}} for w in ("R0", "R1", "T0", "T1")}
     workers = Workers("tcp://s", ("R0", "R1"), ("T0", "T1"), pins)
     rec = Recorder()
-    pipe = Pipeline(ctx, workers, rec, PipelineConfig(1, 4, 2), {})
+    pipe = Pipeline(ctx, workers, rec)
     pipe.submit_rollout(0)
     pipe.submit_training(0)
     shared = "planner+short+medium+long"
-    assert pipe.unit == {a: shared for a in ("planner", "short", "medium", "long")} | {
+    assert pipe.place.unit == {a: shared for a in ("planner", "short", "medium", "long")} | {
         "aggregator": "aggregator"
     }
-    assert set(pipe.balancer.assignment) == {shared, "aggregator"}  # 2 units, not 5 agents
-    trains = {t.kwargs["agent"]: t.worker for t in rec.tasks if t.kind in ("train", "step")}
+    assert set(pipe.place.balancer.assignment) == {shared, "aggregator"}  # 2 units, not 5 agents
+    trains = {
+        t.kwargs["agent"]: t.worker
+        for t in rec.tasks
+        if t.kind in ("train_micro_batch", "optimizer_step")
+    }
     assert len({trains[a] for a in ("planner", "short", "medium", "long")}) == 1
     assert trains["aggregator"] != trains["planner"]  # units round-robin over the workers
 
     def workers_of(unit: str) -> set[str]:
-        return {h.rsplit("#", 1)[0] for h in pipe.balancer.assignment[unit]}
+        return {h.rsplit("#", 1)[0] for h in pipe.place.balancer.assignment[unit]}
 
     gens = [t for t in rec.tasks if t.kind == "generate"]
     for t in gens:  # every generate runs on a worker that hosts its agent's unit
-        assert t.worker in workers_of(pipe.unit[spec.nodes[t.kwargs["node"]].agent]), t.kwargs
+        assert t.worker in workers_of(pipe.place.unit[spec.nodes[t.kwargs["node"]].agent]), t.kwargs
     assert {t.worker for t in gens if t.kwargs["node"] != "aggregate"} <= workers_of(shared)
 
 
@@ -176,11 +201,12 @@ def test_a_nodes_micro_batches_are_ordered_where_they_share_a_worker(
     keeps micro-batches from interleaving; on two workers the two run side by side (with
     balancing off, 4 rollout workers give each of math-chain's 2 agents 2 workers)."""
     spec = load_meg(BUILTIN["math-chain"], known_rewards=known_rewards(), check_models=False)
-    ctx = RunContext("r", "memory://x", spec, mode="flex")
+    spec = spec.with_run(steps=2, episodes_per_step=4, micro_batches=2, balance=False)
+    ctx = RunContext("r", "memory://x", spec)
     names = (*rollers, "T")
     workers = Workers("tcp://s", rollers, ("T",), {w: {"resources": {w: 1}} for w in names})
     rec = Recorder()
-    pipe = Pipeline(ctx, workers, rec, PipelineConfig(2, 4, 2, balance=False), {})
+    pipe = Pipeline(ctx, workers, rec)
     for k in range(2):
         pipe.submit_rollout(k)
     gens = {

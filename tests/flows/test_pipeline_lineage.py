@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from flows.cluster import Workers
-from flows.pipeline import LINEAGE_CUT_EVERY, Pipeline, PipelineConfig
+from flows.cluster.start import Workers
+from flows.orchestrator.pipeline import LINEAGE_CUT_EVERY, Pipeline
 from meg import load_meg
 from tasks.context import RunContext
 from workloads import BUILTIN
@@ -60,11 +60,12 @@ def inputs(t: Task) -> list[Any]:
 
 def test_old_handles_are_dropped_and_the_lineage_is_cut() -> None:
     spec = load_meg(BUILTIN["fanout"], known_rewards=known_rewards(), check_models=False)
-    ctx = RunContext("r", "memory://x", spec, mode="flex")
+    steps = LINEAGE_CUT_EVERY + 3
+    spec = spec.with_run(mode="flex", steps=steps, episodes_per_step=4, micro_batches=2)
+    ctx = RunContext("r", "memory://x", spec)
     workers = Workers("tcp://s", ("R",), ("T",), {w: {"resources": {w: 1}} for w in "RT"})
     ex = Steps()
-    steps = LINEAGE_CUT_EVERY + 3
-    pipe = Pipeline(ctx, workers, ex, PipelineConfig(steps, 4, 2), {})
+    pipe = Pipeline(ctx, workers, ex)
     for k in range(steps):
         # step k-1 is still running when step k is submitted, except at a cut, where the
         # pipeline waits for it (it would hang here if it waited for anything newer)
@@ -72,7 +73,8 @@ def test_old_handles_are_dropped_and_the_lineage_is_cut() -> None:
         pipe.wait_window(k)
         pipe.submit_rollout(k)
         pipe.submit_training(k)
-        held = {key[1] for key in pipe.gen} | {key[1] for key in pipe.step}
+        held = {key[1] for key in pipe.futures["generate"]}
+        held |= {key[1] for key in pipe.futures["optimizer_step"]}
         assert min(held) >= k - 2, (k, sorted(held))  # window 2: steps k-2 .. k only
         older = [
             d

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.cli import main
-from flows.cluster import ClusterConfig
+from flows.cli.main import main
+from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.store import MEGStore
 from tests.flows.conftest import use_backend

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.cluster import ClusterConfig
+from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.schema import SegmentKey
@@ -30,7 +30,7 @@ APRIL = {"policy": "april", "over_provision": 1.0, "max_carry": MAX_CARRY}
 def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny model warm-started 30 steps on the long-tail format: it ends its lists at
     varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut)."""
-    from flows.cli import main as cli
+    from flows.cli.main import main as cli
 
     model = tmp_path_factory.mktemp("models") / "tiny-longtail"
     assert cli(["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]) == 0
@@ -125,7 +125,7 @@ def test_greso_skips_prompts_that_taught_nothing(
     """The seed-0 tiny model almost never answers right: most groups get one reward, so
     GRESO skips prompts once their history exists (steps >= window), and the store holds
     exactly the episodes that were rolled out."""
-    from flows.cli import main as cli
+    from flows.cli.main import main as cli
 
     cfg = policy_config(tmp_path, tiny_model, "math-chain", select={"policy": "greso"})
     args = ["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--scheduler", cluster]

@@ -1,8 +1,8 @@
-"""What the workers of a foreign cluster must find on their own disks (flows/reach.py)."""
+"""What the workers of a foreign cluster must find on their own disks (flows/cluster/reach.py)."""
 
 from __future__ import annotations
 
-from flows.reach import _missing, local_paths
+from flows.cluster.reach import _missing, local_paths
 from meg.spec import MEGSpec
 
 

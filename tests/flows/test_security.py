@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 # local Dask cluster), then list every listening socket of this process and its children.
 LISTENERS = """
 import json, psutil
-from flows.cluster import ClusterConfig, dask_cluster, prefect_api
+from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 
 with prefect_api() as api, dask_cluster(ClusterConfig()) as workers:
     me = psutil.Process()

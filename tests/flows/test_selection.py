@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.selection import Selector, SelectRef, zero_variance_episodes
+from flows.orchestrator.selection import Selector, SelectRef, zero_variance_episodes
 from meg import MEGSpec, build_spec, validate
 from meg.policies import keep_draw
 from storage.schema import SampleBatch, SegmentKey
 from storage.store import MEGStore
 from tasks.context import RunContext
-from tasks.rollout import Episode, episode_id
+from tasks.refs import Episode, episode_id
 from workloads import BUILTIN
 from workloads.datasets import TaskItem
 from workloads.rewards import known_rewards
@@ -91,7 +91,7 @@ def fill(ctx: RunContext, steps: range) -> dict[str, str]:
 
 def new_ctx(tmp_path: Path, seed: int = 0, **select: Any) -> RunContext:
     spec = greso_spec(**{"explore": 0.001, "floor": 0.0, **select})
-    return RunContext("sel", f"file://{tmp_path}/store", spec, seed=seed)
+    return RunContext("sel", f"file://{tmp_path}/store", spec.with_run(seed=seed))
 
 
 def plan(k: int, *mbs: list[str]) -> list[tuple[Episode, ...]]:

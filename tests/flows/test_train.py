@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.cluster import ClusterConfig
+from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.store import MEGStore
@@ -78,8 +78,14 @@ def test_flex_overlaps_rollout_and_training_and_sync_does_not(
     run = {"steps": 3, "episodes_per_step": 8, "micro_batches": 4}
     sync = run_mode(tmp_path / "s", tiny_model, cluster, "sync", run=run)
     flex = run_mode(tmp_path / "f", tiny_model, cluster, "flex", run=run)
-    gen_s, train_s = (intervals(sync["run_dir"], p) for p in (("generate",), ("train", "step")))
-    gen_f, train_f = (intervals(flex["run_dir"], p) for p in (("generate",), ("train", "step")))
+    gen_s, train_s = (
+        intervals(sync["run_dir"], p)
+        for p in (("generate",), ("train_micro_batch", "optimizer_step"))
+    )
+    gen_f, train_f = (
+        intervals(flex["run_dir"], p)
+        for p in (("generate",), ("train_micro_batch", "optimizer_step"))
+    )
     assert len(gen_s) == len(gen_f) == 3 * 4 * 2
     assert overlaps(gen_s, train_s) == 0  # the barrier: rollout and training take turns
     assert overlaps(gen_f, train_f) > 0  # flex: training of one micro-batch or agent
@@ -133,10 +139,10 @@ def test_fanout_sample_tree_matches_the_meg_expansion(
         (a, kj)
         for a in ("short", "medium", "long")
         for kj in mbs
-        if at[("train", a, *kj)]["start"] < agg_end[kj]
+        if at[("train_micro_batch", a, *kj)]["start"] < agg_end[kj]
     ]
     assert early, "no worker trained before its micro-batch's aggregate was generated"
-    assert all(at[("train", "planner", *kj)]["start"] >= agg_end[kj] for kj in mbs)
+    assert all(at[("train_micro_batch", "planner", *kj)]["start"] >= agg_end[kj] for kj in mbs)
 
 
 def test_runs_publish_prefect_artifacts(tmp_path: Path, tiny_model: str, cluster: str) -> None:
@@ -245,7 +251,7 @@ def test_a_config_at_the_limits_passes_the_checks_and_runs(
     the last node), in one real run: what passes `check` must not fail at run time."""
     from engines.training.checkpoint_index import latest_checkpoint
     from flows.train import check
-    from meg.sizes import MAX_SEED, MAX_TIMEOUT_S, MAX_WINDOW
+    from meg.limits import MAX_SEED, MAX_TIMEOUT_S, MAX_WINDOW
 
     cfg = write_config(tmp_path, tiny_model, steps=2, episodes_per_step=2, micro_batches=1)
     data = yaml.safe_load(cfg.read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 from tests.flows.conftest import use_backend
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """`flexmarl worker` against a real scheduler: the roles and name it declares, and the
-environment its worker process gets (flows.commands_models.worker_cmd)."""
+environment its worker process gets (flows.cli.models.worker_cmd)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.cli import main, user_error_types
+from flows.cli.main import main, user_error_types
 from flows.train import TrainParams, check
 from workloads import BUILTIN
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from flows.planning import scoring_plan
+from flows.orchestrator.planning import scoring_plan
 from meg import ScoreGroup, ancestors, build_spec, load_meg, score_groups
 from workloads import BUILTIN
 from workloads.rewards import known_rewards

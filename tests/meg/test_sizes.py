@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from meg.errors import MEGError
 from meg.expand import expand_episode
+from meg.limits import MAX_NODES, MAX_STEP_SAMPLES
 from meg.load import load_meg
-from meg.sizes import MAX_NODES, MAX_STEP_SAMPLES, episode_samples, step_samples_problem
+from meg.sizes import episode_samples, step_samples_problem
 from meg.spec import MEGSpec
 from workloads import BUILTIN
 

@@ -154,7 +154,7 @@ LOSSES = {"advantage": ["grpo", "rloo"], "policy_loss": ["grpo"], "old_logprobs"
         ({"lora": {"r": 0}}, "agents.a.lora.r", "greater than or equal to 1"),
         ({"lora": {"rank": 8}}, "agents.a.lora.rank", "Extra inputs are not permitted"),
         ({"lora": {"target_modules": "all"}}, "agents.a.lora.target_modules", "all-linear"),
-        ({"placement": {"train_slot": "cuda:1"}}, "agents.a.placement", "not supported yet"),
+        ({"placement": {"train_slot": "cuda:1"}}, "agents.a", "`placement` is not an agent field"),
         ({"loss": {"clip_eps_high": 1.5}}, "agents.a.loss", "below 1"),
         ({"loss": {"dual_clip": 1.0}}, "agents.a.loss.dual_clip", "greater than 1"),
         ({"sampling": {"temperature": 0}}, "agents.a.sampling.temperature", "greater than 0"),

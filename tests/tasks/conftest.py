@@ -16,6 +16,7 @@ import yaml
 
 import tasks.worker
 from meg import MEGSpec, build_spec, validate
+from meg.spec import RunSpec
 from storage.schema import SampleBatch, SegmentKey
 from storage.testing import synthetic_batch
 from tasks.context import RunContext
@@ -48,13 +49,16 @@ def new_ctx(
     request: pytest.FixtureRequest, tmp_path: Any, tiny_model: str
 ) -> Iterator[Callable[..., RunContext]]:
     """`new_ctx(name, **fields)`: a RunContext on a file:// store under this test's tmp dir,
-    with run id `<test>-<name>` (the one-agent math-chain spec unless `spec=` is given)."""
+    with run id `<test>-<name>` (the one-agent math-chain spec unless `spec=` is given); run
+    settings among `fields` (`mode=`, `seed=`, ...) go into the spec's `run`."""
     test = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name.removeprefix("test_")).strip("-")
     spec = math_chain(tiny_model, solver_only=True)
 
-    def make(name: str = "run", **fields: Any) -> RunContext:
-        fields = {"spec": spec, "mode": "flex", "checkpoint_every": 1, "steps": 8, **fields}
-        return RunContext(run_id=f"{test}-{name}", store_url=f"file://{tmp_path}/store", **fields)
+    def make(name: str = "run", spec: MEGSpec = spec, **fields: Any) -> RunContext:
+        run = {"mode": "flex", "checkpoint_every": 1, "steps": 8}
+        run |= {k: fields.pop(k) for k in list(fields) if k in RunSpec.model_fields}
+        store = f"file://{tmp_path}/store"
+        return RunContext(f"{test}-{name}", store, spec.with_run(**run), **fields)
 
     yield make
     tasks.worker.forget_other_runs("")  # drop this test's trainers

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from engines.rollout import RolloutBackend, make_backend
-from engines.rollout.base import Cut, SamplingParams
+from engines.rollout.base import Cut, RolloutBackend, SamplingParams, make_backend
 from meg import MEGSpec, build_spec, validate
 from storage.audit import audit_consistency
 from storage.schema import SampleBatch, SegmentKey
@@ -29,7 +28,8 @@ from tasks.carry import (
     trained_episodes,
 )
 from tasks.context import RunContext
-from tasks.rollout import episode_id, plan_prompts
+from tasks.refs import episode_id
+from tasks.rollout import plan_prompts
 from tasks.worker import store_of
 from workloads import BUILTIN
 from workloads.datasets import TaskItem

@@ -8,13 +8,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from flows.planning import scoring_plan
+from flows.orchestrator.planning import scoring_plan
 from meg import InvocationPlan, ScoreGroup, expand_episode
 from storage.schema import SampleBatch, SegmentKey
 from tasks.accounting import read_scored
 from tasks.context import RunContext
-from tasks.refs import RewardSum
-from tasks.rollout import Episode, episode_id
+from tasks.refs import Episode, RewardSum, episode_id
 from tasks.scoring import score_micro_batch
 from tasks.worker import splits_of, store_of, tokenizer_of
 from tests.tasks.conftest import math_chain

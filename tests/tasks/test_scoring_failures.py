@@ -12,8 +12,7 @@ import pytest
 from meg.spec import RewardSpec
 from tasks.accounting import read_scored
 from tasks.context import RunContext
-from tasks.refs import RewardSum
-from tasks.rollout import Episode
+from tasks.refs import Episode, RewardSum
 from tasks.scoring import score_micro_batch
 from tasks.worker import store_of
 from tests.tasks.conftest import math_chain
@@ -62,7 +61,7 @@ def flaky_ctx(
 
 
 def score_solve(ctx: RunContext) -> tuple[object, dict[str, tuple[float, float, str]]]:
-    from tasks.rollout import episode_id
+    from tasks.refs import episode_id
     from tasks.worker import splits_of
 
     train = splits_of(ctx).train

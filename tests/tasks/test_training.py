@@ -1,4 +1,4 @@
-"""The training tasks' bodies (`train_micro_batch`, `step_agent`) and the exact step
+"""The training tasks' bodies (`accumulate_micro_batch`, `step_agent`) and the exact step
 accounting behind them (`tasks.accounting`), called directly on a tiny model.
 
 A training worker that dies is simulated by dropping the run's SlotManager: the next task
@@ -23,7 +23,7 @@ from storage.testing import synthetic_batch
 from tasks.accounting import accumulate_part, already_stepped, read_scored
 from tasks.context import RunContext
 from tasks.refs import StepRef
-from tasks.training import step_agent, train_config, train_micro_batch, trainer_factory
+from tasks.training import accumulate_micro_batch, step_agent, train_config, trainer_factory
 from tasks.worker import slots_of, state_of, store_of
 from tests.tasks.conftest import drop_trainers, write_scored
 
@@ -49,7 +49,7 @@ def run_steps(
                 drop_trainers(ctx)
             if j < MBS:
                 write_scored(ctx, AGENT, NODE, k, j)
-                trains.append(train_micro_batch(ctx, AGENT, k, j))
+                trains.append(accumulate_micro_batch(ctx, AGENT, k, j))
         out.append(step_agent(ctx, AGENT, k, tuple(trains)))
     return out
 
@@ -81,7 +81,7 @@ def assert_same_run(
 def test_step_records_exactly_what_was_trained_and_audits_clean(new_ctx) -> None:
     ctx = new_ctx()
     batches = [write_scored(ctx, AGENT, NODE, 0, j) for j in range(MBS)]
-    trains = tuple(train_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
+    trains = tuple(accumulate_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
     result = step_agent(ctx, AGENT, 0, trains)
 
     counted = [[j, int(b.response_lengths.sum()), len(b)] for j, b in enumerate(batches)]
@@ -157,7 +157,7 @@ def test_logged_step_without_checkpoint_runs_again_and_rerecords_identically(new
     before = store_of(ctx).table(AGENT).consumption(0)
     assert already_stepped(ctx, AGENT, 0) is None  # version 1 is not checkpointed
     drop_trainers(ctx)
-    trains = tuple(train_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
+    trains = tuple(accumulate_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
     again = step_agent(ctx, AGENT, 0, trains)
     assert not again.resumed
     assert store_of(ctx).table(AGENT).consumption(0) == before
@@ -168,7 +168,7 @@ def test_step_with_micro_batches_it_did_not_accumulate_is_refused(new_ctx) -> No
     ctx = new_ctx()
     for j in range(MBS):
         write_scored(ctx, AGENT, NODE, 0, j)
-    trains = tuple(train_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
+    trains = tuple(accumulate_micro_batch(ctx, AGENT, 0, j) for j in range(MBS))
     table = store_of(ctx).table(AGENT)
 
     # a forged extra micro-batch 2 (nothing of it is in the store): the step task tries to
@@ -224,7 +224,7 @@ def test_read_scored_refuses_unscored_rows_naming_agent_step_and_micro_batch(new
     ):
         read_scored(ctx, AGENT, 0, 1)
     with pytest.raises(RuntimeError, match=r"agent 'solver' step 0 micro-batch 1"):
-        train_micro_batch(ctx, AGENT, 0, 1)
+        accumulate_micro_batch(ctx, AGENT, 0, 1)
 
 
 def test_already_stepped_needs_the_checkpoint_too(new_ctx) -> None:
@@ -241,9 +241,9 @@ def test_already_stepped_needs_the_checkpoint_too(new_ctx) -> None:
     # tasks of a finished step (a resumed run) touch nothing
     trainer = slots_of(ctx).acquire(AGENT, trainer_factory(ctx, AGENT))
     slots_of(ctx).release(AGENT)
-    again = train_micro_batch(ctx, AGENT, 1, 0)
+    again = accumulate_micro_batch(ctx, AGENT, 1, 0)
     assert again.loss == 0.0 and not trainer.pending
-    resumed = step_agent(ctx, AGENT, 1, (again, train_micro_batch(ctx, AGENT, 1, 1)))
+    resumed = step_agent(ctx, AGENT, 1, (again, accumulate_micro_batch(ctx, AGENT, 1, 1)))
     assert (resumed.version, resumed.resumed) == (2, True)
     assert trainer.version == 2 and latest_published(state_of(ctx), AGENT) == 2
 
@@ -261,7 +261,7 @@ def test_step_task_retry_after_a_transient_failure_on_a_live_worker(
     first = run_steps(ctx, 1)
     for j in range(MBS):
         write_scored(ctx, AGENT, NODE, 1, j)
-    trains = tuple(train_micro_batch(ctx, AGENT, 1, j) for j in range(MBS))
+    trains = tuple(accumulate_micro_batch(ctx, AGENT, 1, j) for j in range(MBS))
     real, calls = getattr(tasks.training, failing), []
 
     def once(*args, **kwargs):
@@ -285,7 +285,7 @@ def test_train_task_retry_after_a_failure_inside_backward(new_ctx) -> None:
     ctx = new_ctx("oom")
     for j in range(MBS):
         write_scored(ctx, AGENT, NODE, 0, j)
-    t0 = train_micro_batch(ctx, AGENT, 0, 0)
+    t0 = accumulate_micro_batch(ctx, AGENT, 0, 0)
     trainer = slots_of(ctx).acquire(AGENT, trainer_factory(ctx, AGENT))
     slots_of(ctx).release(AGENT)
     fired = []
@@ -297,10 +297,10 @@ def test_train_task_retry_after_a_failure_inside_backward(new_ctx) -> None:
     first_layer = trainer.model.model.layers[0].self_attn.q_proj.weight
     hook = first_layer.register_hook(oom)
     with pytest.raises(RuntimeError, match="out of memory"):
-        train_micro_batch(ctx, AGENT, 0, 1)
+        accumulate_micro_batch(ctx, AGENT, 0, 1)
     hook.remove()
     assert fired and trainer.accumulated.keys() == {0}
-    t1 = train_micro_batch(ctx, AGENT, 0, 1)  # Prefect's retry, same worker
+    t1 = accumulate_micro_batch(ctx, AGENT, 0, 1)  # Prefect's retry, same worker
     got = step_agent(ctx, AGENT, 0, (t0, t1))
     assert_same_run(ctx, [got], ref, ref_steps)
 

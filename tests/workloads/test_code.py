@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
+from flows.runs.config import load_config
 from meg.spec import DatasetSpec
 from workloads import BUILTIN
 from workloads.code_rewards import code_assertions, code_tests, extract_code

@@ -172,7 +172,7 @@ def test_vocab_override_and_small_vocab_tokenizer(tmp_path: Path) -> None:
 
 
 def test_cli_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     out = tmp_path / "g"
     assert main(["tiny-model", str(out), "--family", "gpt2", "--layers", "1"]) == 0

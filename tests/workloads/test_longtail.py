@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from flows.config import load_config
+from flows.runs.config import load_config
 from meg.spec import DatasetSpec
 from workloads.datasets import DatasetError, TaskItem, load_dataset
 from workloads.longtail import longtail, pareto_count, sequence_correct

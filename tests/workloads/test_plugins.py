@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.config import load_config
+from flows.runs.config import load_config
 from meg import MEGError
 from workloads.datasets import load_dataset
 from workloads.plugins import PluginModules, module_name, worker_plugin

@@ -61,7 +61,7 @@ def test_loads_and_generates_in_transformers_and_vllm(built: tuple[Path, Path, P
     out = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False)
     assert out.shape == (1, len(prompt) + 5)
 
-    from engines.rollout import SamplingParams, make_backend
+    from engines.rollout.base import SamplingParams, make_backend
 
     vllm = make_backend("vllm", path)  # vLLM's own loader reads the directory
     comp = vllm.generate([prompt], SamplingParams(max_tokens=5, temperature=1e-3, seed=0))

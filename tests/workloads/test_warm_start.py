@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.commands import load_config
+from engines.tokenizers import chat_frame_of
+from flows.cli.commands import load_config
 from meg.spec import ChatSpec
 from meg.template import prompt_ids, render_ids
-from tasks.worker import chat_frame_of
 from workloads.datasets import TaskItem
 from workloads.tiny_model import build_tiny_model, load_tokenizer
 from workloads.warm_start import _encode, reference_pairs, warm_start

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flows.config import load_config
+from flows.runs.config import load_config
 from meg.registry import Registry
 from meg.spec import DatasetSpec
 from workloads import BUILTIN

@@ -62,7 +62,7 @@ def test_highest_priority_first_then_submission_order() -> None:
 
 
 def test_a_worker_starts_what_it_holds_before_what_a_finish_makes_ready() -> None:
-    """The race of flows.pipeline: a task made ready by a finish reaches the worker one
+    """The race of flows.orchestrator.pipeline: a task made ready by a finish reaches the worker one
     dispatch later, so the worker first starts a lower-priority task it already holds."""
     bodies = Fixed()
     ex = SimExecutor(bodies, ("a",), dispatch_s=0.1)

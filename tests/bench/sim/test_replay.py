@@ -53,7 +53,7 @@ def spec_of(nodes: dict[str, dict[str, object]]) -> MEGSpec:
         "rewards": {n: {"fn": "exact_answer"} for n in nodes},
         "dataset": {"generator": "arithmetic", "train_size": 64, "eval_size": 8},
     }
-    from engines.training import loss_names
+    from engines.training.catalog import loss_names
     from workloads.rewards import known_rewards
 
     return validate(build_spec(data), known_rewards=known_rewards(), known_losses=loss_names())
@@ -107,7 +107,7 @@ def test_two_micro_batches_overlap_training_with_rollout_by_hand() -> None:
 def test_sync_barrier_no_rollout_of_a_step_before_every_agent_stepped() -> None:
     r = run(CHAIN, Arm("sync"), 2, steps=3)
     for k in (1, 2):
-        last_step = max(t.end for t in r.timings if t.phase == "step" and t.step == k - 1)
+        last_step = max(t.end for t in r.timings if t.phase == "optimizer_step" and t.step == k - 1)
         first_gen = min(t.start for t in r.timings if t.phase == "generate" and t.step == k)
         assert first_gen >= last_step
 
@@ -118,7 +118,9 @@ def test_flex_starts_an_agents_next_step_before_the_others_finish() -> None:
         t.start for t in r.timings if t.phase == "generate" and t.agent == "solver" and t.step == 1
     )
     verifier_done = max(
-        t.end for t in r.timings if t.phase == "step" and t.agent == "verifier" and t.step == 0
+        t.end
+        for t in r.timings
+        if t.phase == "optimizer_step" and t.agent == "verifier" and t.step == 0
     )
     assert solver_next < verifier_done
     assert r.step_s < run(CHAIN, Arm("sync"), 2, steps=3).step_s
@@ -127,7 +129,7 @@ def test_flex_starts_an_agents_next_step_before_the_others_finish() -> None:
 def test_async_rolls_out_ahead_of_the_weights() -> None:
     r = run(CHAIN, Arm("async", 1), 2, steps=4)
     gen1 = min(t.start for t in r.timings if t.phase == "generate" and t.step == 1)
-    step0 = min(t.end for t in r.timings if t.phase == "step" and t.step == 0)
+    step0 = min(t.end for t in r.timings if t.phase == "optimizer_step" and t.step == 0)
     assert gen1 < step0  # step 1 samples with version 0: η = 1
 
 
@@ -135,7 +137,7 @@ def test_colocated_workers_run_both_roles_one_task_at_a_time() -> None:
     r = run(CHAIN, Arm("sync", balance=False), 2, per_agent(2), steps=3)
     for w in ("worker-0", "worker-1"):
         mine = sorted((t for t in r.timings if t.worker == w), key=lambda t: t.start)
-        assert {t.phase for t in mine} >= {"generate", "train", "step"}
+        assert {t.phase for t in mine} >= {"generate", "train_micro_batch", "optimizer_step"}
         assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(mine))
-    agent_of = {t.worker: t.agent for t in r.timings if t.phase == "train"}
+    agent_of = {t.worker: t.agent for t in r.timings if t.phase == "train_micro_batch"}
     assert agent_of == {"worker-0": "solver", "worker-1": "verifier"}  # each its own worker

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.rollout import RolloutBackend, make_backend
+from engines.rollout.base import RolloutBackend, make_backend
 from workloads.tiny_model import build_tiny_model
 
 BACKENDS = ("hf", "vllm")

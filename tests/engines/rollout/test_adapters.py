@@ -12,8 +12,13 @@ from typing import Any
 
 import pytest
 
-from engines.rollout import SamplingParams, make_backend
-from engines.rollout.base import AdapterError, AdapterServing, RolloutBackend
+from engines.rollout.base import (
+    AdapterError,
+    AdapterServing,
+    RolloutBackend,
+    SamplingParams,
+    make_backend,
+)
 from engines.rollout.hosts import AdapterHost, drop_host, get_host
 from engines.training.batch import build_microbatch
 from engines.training.checkpoint import export_hf

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engines.rollout import (
+from engines.rollout.base import (
     BadRequestError,
     Completion,
     ModelNotFoundError,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from engines.rollout import BadRequestError, HostCrashedError, RolloutError, SamplingParams
+from engines.rollout.base import BadRequestError, HostCrashedError, RolloutError, SamplingParams
 from engines.rollout.hosts import drop_host, get_host, hosted_agents
 
 

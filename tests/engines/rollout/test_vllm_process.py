@@ -52,7 +52,7 @@ def test_a_collected_engine_is_parked_while_another_lives(tiny_model_dir: Path) 
     tear vLLM's global state down under a live one. (The suite once failed on this: a
     benchmark's dead engines were collected while a shared engine was in the middle of a
     test: "pipeline model parallel group is not initialized".)"""
-    from engines.rollout import make_backend
+    from engines.rollout.base import make_backend
     from engines.rollout.vllm_engines import ENGINES
 
     params = SamplingParams(n=1, max_tokens=3, seed=1)

@@ -136,7 +136,7 @@ def test_validation_refuses_skipping_where_it_would_not_apply(
 ) -> None:
     import yaml
 
-    from flows.config import load_config
+    from flows.runs.config import load_config
     from meg import MEGError
     from workloads import BUILTIN
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from flows.selection import SelectRef
+from flows.orchestrator.selection import SelectRef
 from storage.audit import Audit
 from tasks.context import Timing
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef

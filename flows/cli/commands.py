@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from engines.model_files import ModelFetchError
-from flows import commands_models  # noqa: F401  registers `model push`
-from flows.cli import command
-from flows.config import load_config
-from flows.run import RunError
+from flows.cli.registry import command
+from flows.runs.config import load_config
+from flows.runs.record import RunError
 from meg import analyze
 from meg.render import mermaid, text
 from storage.errors import StoreError
-from workloads import resolve_config
+from workloads import BUILTIN, resolve_config
 from workloads.datasets import DatasetError
 
 EXTRA_USER_ERRORS: tuple[type[BaseException], ...] = (
@@ -34,7 +33,8 @@ def option_error(e: Any) -> RunError:
 
 
 def _config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="MEG YAML file, or a built-in workload (workloads.BUILTIN)")
+    builtins = ", ".join(BUILTIN)
+    p.add_argument("config", help=f"MEG YAML file, or a built-in workload ({builtins})")
 
 
 def _meg_show_args(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def meg_validate(args: argparse.Namespace) -> int:
     if args.scheduler:
         from distributed import Client
 
-        from flows.reach import check_reachable
+        from flows.cluster.reach import check_reachable
 
         with Client(args.scheduler, timeout=60) as client:
             check_reachable(client, spec, args.store)
@@ -103,7 +103,7 @@ def meg_show(args: argparse.Namespace) -> int:
     if args.rollout_workers < 1 or args.train_workers < 1:
         raise RunError("--rollout-workers and --train-workers must be at least 1")
     if not args.skip_model_check:  # the report reads the model files
-        from flows.weights_report import report
+        from flows.report.weights import report
 
         print(report(spec, args.rollout_workers, args.train_workers), end="")
     return 0
@@ -190,7 +190,7 @@ def tiny_model(args: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from flows.params_cli import add_model_args
+    from flows.cli.params import add_model_args
     from flows.train import TrainParams
 
     add_model_args(p, TrainParams, positional=("config",))
@@ -198,28 +198,31 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 def train_params(args: argparse.Namespace) -> Any:
     """The validated `TrainParams` of `flexmarl train ...` (raises pydantic's error)."""
-    from flows.params_cli import model_from_args
+    from flows.cli.params import model_from_args
     from flows.train import TrainParams
 
     return model_from_args(TrainParams, args)
 
 
-def train_hint(params: Any, spec: Any) -> str | None:
-    """`flows.cluster.layout_hint` for a new run of `spec` (a resumed one keeps its layout)."""
+def train_hint(params: Any, run: Any) -> str | None:
+    """`flows.cluster.start.layout_hint` for the resolved new `run` (a resumed one keeps its
+    layout)."""
     import os
 
-    from flows.cluster import layout_hint
+    from flows.cluster.start import layout_hint
 
-    mode = params.mode or spec.run.mode
-    micro_batches = params.micro_batches or spec.run.micro_batches
-    return layout_hint(len(spec.agents), mode, micro_batches, params.cluster, os.cpu_count() or 1)
+    spec = run.ctx.spec
+    cpus = os.cpu_count() or 1
+    return layout_hint(
+        len(spec.agents), spec.run.mode, spec.run.micro_batches, params.cluster, cpus
+    )
 
 
 @command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
 def train_cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from flows.cluster import prefect_api
+    from flows.cluster.start import prefect_api
     from flows.train import check, train
 
     if "config" not in vars(args) and "resume" not in vars(args):
@@ -228,14 +231,14 @@ def train_cmd(args: argparse.Namespace) -> int:
         params = train_params(args)
     except ValidationError as e:
         raise option_error(e) from None
-    spec = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
-    if spec is not None and (hint := train_hint(params, spec)):
+    run = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
+    if not params.resume and (hint := train_hint(params, run)):
         print(hint)
     with prefect_api() as url:
         print(f"Prefect API: {url}")
         out = train(params)
     c = out["consistency"]
-    k = min(3, max(1, len(out["per_step"]) // 2))  # as flows.report.reward_gain
+    k = min(3, max(1, len(out["per_step"]) // 2))  # as flows.report.metrics.reward_gain
     print(
         f"done: {out['steps']} steps in {out['wall_s']:.1f} s, utilization "
         f"{out['utilization']:.2f}, team reward first->last "
@@ -295,7 +298,7 @@ def _ui_args(p: argparse.ArgumentParser) -> None:
 
 @command("ui", "Start the Prefect server with its UI on 127.0.0.1 and print the URL.", _ui_args)
 def ui_cmd(args: argparse.Namespace) -> int:
-    from flows.ui import serve
+    from flows.cli.ui import serve
 
     if not 0 < args.port < 65536:
         raise RunError(f"--port must be a TCP port (1-65535), got {args.port}")
@@ -308,8 +311,8 @@ def ui_cmd(args: argparse.Namespace) -> int:
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    from flows.cli.params import add_model_args
     from flows.evaluate import EvalParams
-    from flows.params_cli import add_model_args
 
     add_model_args(p, EvalParams, positional=("config",))
 
@@ -323,10 +326,10 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from rich.console import Console
 
-    from flows.cluster import prefect_api
+    from flows.cli.params import model_from_args
+    from flows.cluster.start import prefect_api
     from flows.eval_models import check_checkpoint
     from flows.evaluate import EvalParams, evaluate_flow, table
-    from flows.params_cli import model_from_args
 
     if "config" not in vars(args):
         raise RunError("give a CONFIG: a MEG YAML file or a built-in workload")

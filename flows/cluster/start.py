@@ -330,7 +330,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
     """Start (or join) the cluster and yield the worker roles; closes what it started."""
     from distributed import Client
 
-    from flows.threads import TorchThreads
+    from flows.cluster.threads import TorchThreads
 
     os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
     # this process's dask config was read at import, before the lines above, and a local

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.pipeline import StepLog
+from flows.orchestrator.pipeline import StepLog
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 

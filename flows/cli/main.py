@@ -1,54 +1,29 @@
 """The `flexmarl` command line: thin argparse front-ends over the flows and engines.
 
 User mistakes (a bad config, a missing model, a bad store URL) exit with code 2 and one
-paragraph on stderr, never a traceback. Each subcommand is registered once with `@command`;
-the parser is built from that registry, so there is no second dispatch on the name.
+paragraph on stderr, never a traceback. Each subcommand is registered once with `@command`
+(`flows.cli.registry`) in the modules imported below, the one place that lists them; the
+parser is built from that registry, so there is no second dispatch on the name.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from meg.errors import MEGError
-from meg.registry import Registry
+from flows.cli import commands, models
+from flows.cli.registry import COMMANDS, USER_ERRORS
 
-USER_ERRORS: tuple[type[BaseException], ...] = (MEGError, FileNotFoundError)
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    name: tuple[str, ...]
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-COMMANDS: Registry[Command] = Registry("command")
-
-
-def command(
-    name: str, help: str, configure: Callable[[argparse.ArgumentParser], None]
-) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
-    def deco(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        COMMANDS.add(name, Command(tuple(name.split()), help, configure, fn))
-        return fn
-
-    return deco
+COMMAND_MODULES = (commands, models)  # every module that registers commands: the one list
 
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Exception types that mean "the user asked for something wrong" (exit 2, no traceback)."""
-    from flows import commands
-
     return USER_ERRORS + commands.EXTRA_USER_ERRORS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flows import commands  # noqa: F401  registers the commands
-
     parser = argparse.ArgumentParser(
         prog="flexmarl",
         description="Multi-agent LLM reinforcement learning as Prefect flows on Dask.",
@@ -80,9 +55,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("flexmarl: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # `python -m flows.cli`: use the module the commands register in
-    from flows.cli import main as _main
-
-    sys.exit(_main())

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flows.run import RunError
+from flows.runs.record import RunError
 
 LEASE = "flexmarl-cluster-lease"
 HOLDER = "flexmarl-cluster-holder"

@@ -27,7 +27,7 @@ import numpy as np
 from meg.policies import keep_draw
 from storage.store import MEGStore
 from tasks.context import RunContext
-from tasks.rollout import Episode
+from tasks.refs import Episode
 
 log = logging.getLogger(__name__)
 

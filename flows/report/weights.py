@@ -1,6 +1,6 @@
 """`meg show`'s memory report: the parameters each worker holds, with and without sharing.
 
-Placement is the pipeline's own at the start of a run (`flows.pipeline`): weight units
+Placement is the pipeline's own at the start of a run (`flows.orchestrator.pipeline`): weight units
 (`meg.sharing`) split over the rollout workers' hosts by the balancer's equal split, and
 round-robin over the training workers. Per unit:
 
@@ -27,8 +27,8 @@ from rich.table import Table
 
 from engines.families import checkpoint_shapes
 from engines.rollout.balancer import equal_split
-from flows.cluster import Workers
-from flows.pipeline import host_worker, need_order, rollout_hosts
+from flows.cluster.start import Workers
+from flows.orchestrator.placement import host_worker, need_order, rollout_hosts
 from meg import MEGSpec, is_hub_name, topological_order
 from meg.sharing import WeightUnit, weight_units
 

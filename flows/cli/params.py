@@ -68,7 +68,15 @@ def add_model_args(
         if flag is None:
             continue
         if kind is bool:
-            if info.default is True:
+            if info.default is None:  # an override of a MEG setting: both ways
+                parser.add_argument(
+                    flag,
+                    dest=name,
+                    action=argparse.BooleanOptionalAction,
+                    default=_UNSET,
+                    help=f"{info.description or name} (default: the MEG's)",
+                )
+            elif info.default is True:
                 parser.add_argument(
                     "--no-" + flag.removeprefix("--"),
                     dest=name,

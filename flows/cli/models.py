@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli import command
+from flows.cli.registry import command
 
 
 def _push_args(p: argparse.ArgumentParser) -> None:
@@ -63,13 +63,13 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
 def worker_cmd(args: argparse.Namespace) -> int:
     """Replaces this process with `dask worker` (one task at a time: tasks own the cores
     they use; its torch on `--threads`) in the environment every worker of a run needs
-    (flows.cluster.worker_env), its worker processes keeping glibc's malloc defaults as a
+    (flows.cluster.start.worker_env), its worker processes keeping glibc's malloc defaults as a
     local cluster's do."""
     import os
     import sys
 
-    from flows.cluster import ROLLOUT, TRAIN, thread_env, worker_env
-    from flows.run import RunError
+    from flows.cluster.start import ROLLOUT, TRAIN, thread_env, worker_env
+    from flows.runs.record import RunError
 
     if args.name in (ROLLOUT, TRAIN):
         raise RunError(f"--name {args.name!r} is a role; name the worker after its host")
@@ -79,8 +79,8 @@ def worker_cmd(args: argparse.Namespace) -> int:
     # a resource named after the worker: the run pins its tasks to that name, not to an
     # address, so a replacement started with the same name (on any host) takes them over
     resources = [*roles, args.name] if args.name else roles
-    # Dask's own `dask worker`, less the nanny's malloc setting (flows/dask_worker.py)
-    argv = [sys.executable, "-m", "flows.dask_worker", args.scheduler]
+    # Dask's own `dask worker`, less the nanny's malloc setting (flows/cluster/worker.py)
+    argv = [sys.executable, "-m", "flows.cluster.worker", args.scheduler]
     argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in resources)]
     argv += ["--name", args.name] if args.name else []
     for flag in ("host", "memory_limit", "tls_ca_file", "tls_cert", "tls_key"):

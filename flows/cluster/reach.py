@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from engines.model_files import is_remote
-from flows.run import RunError
+from flows.runs.record import RunError
 from meg import MEGSpec, is_hub_name
 
 

@@ -1,10 +1,10 @@
 """Which episodes each step rolls out, per micro-batch: the rollout policy says how many a
 micro-batch launches, the selection policy which of them are rolled out at all.
 
-Micro-batch j of step k trains `quota_j` episodes, a contiguous share of
-`episodes_per_step`. `april` launches more for that (`launched(quota_j)`); `greso` then
-drops the prompts whose history taught nothing (`flows.selection`). The episodes are drawn
-by `batch_for_step(seed, k)`, a pure function, so a resumed run plans the same episodes; with
+Micro-batch j of step k trains `quota_j` episodes, a contiguous share of `episodes_per_step`.
+`april` launches more for that (`launched(quota_j)`); `greso` then drops the prompts whose
+history taught nothing (`flows.orchestrator.selection`). The episodes are drawn by
+`batch_for_step(seed, k)`, a pure function, so a resumed run plans the same episodes; with
 `greso` the steps before the resume are re-planned first, from the same committed history, so
 the choices after it are the same as an uninterrupted run's.
 """
@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flows.selection import Selector
+from flows.orchestrator.selection import Selector
 from meg import MEGSpec, ScoreGroup, score_groups
 from tasks.context import RunContext
-from tasks.rollout import Episode, episode_id
-from tasks.worker import splits_of
-from workloads.datasets import batch_for_step
+from tasks.refs import Episode, episode_id
+from workloads.datasets import Splits, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
 
 
@@ -41,6 +40,7 @@ class EpisodePlanner:
         self.on_select = on_select
         self._planned: dict[int, list[tuple[Episode, ...]]] = {}
         self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
+        self._splits: Splits | None = None  # loaded on first use (the driver has the plug-ins)
         self.selector = Selector(ctx, window, self._task_of.get)
         if self.select.needs_history:  # re-plan the steps before a resume: same choices
             for s in range(start_step):
@@ -52,7 +52,7 @@ class EpisodePlanner:
             return self._planned[k]
         bounds = [round(i * self.total / self.m) for i in range(self.m + 1)]
         launch = [self.rollout.launched(bounds[j + 1] - bounds[j]) for j in range(self.m)]
-        items = batch_for_step(splits_of(self.ctx), k, sum(launch), self.ctx.seed)
+        items = batch_for_step(self.splits, k, sum(launch), self.ctx.seed)
         eps = [(episode_id(k, i), t) for i, t in enumerate(items)]
         self._task_of.update((e, t.id) for e, t in eps)
         starts = [sum(launch[:j]) for j in range(self.m + 1)]
@@ -62,6 +62,12 @@ class EpisodePlanner:
             self.on_select(ref)
         self._planned[k] = mbs
         return mbs
+
+    @property
+    def splits(self) -> Splits:
+        if self._splits is None:
+            self._splits = load_dataset(self.ctx.spec.dataset)
+        return self._splits
 
     def episodes(self, k: int) -> list[tuple[Episode, ...]]:
         """What step k's tasks get per micro-batch: its new episodes, and with `april` first

@@ -1,13 +1,13 @@
 """Two ways to run the same compiled task graph: Prefect tasks, or plain Dask futures.
 
-The compiler (`flows.pipeline`) only calls `submit(kind, kwargs, pin)`, `done/results`, and
-`idle(seconds)` while it waits for tasks to finish: these two sleep; the cluster simulator's
-executor (`bench.sim`) advances its clock instead, so it replays this very task graph.
-`PrefectExecutor` submits the Prefect task of each kind (every node becomes a task run in the
-UI); `DaskExecutor` submits the same function bodies as plain Dask futures. Both pin placement
-with `dask.annotate(...)` (see `flows.cluster.roles`); both pass dependencies as futures inside
-the arguments (each resolves them before the body runs). Running one workload through both is
-how the benchmark measures Prefect's orchestration overhead.
+The compiler (`flows.orchestrator.pipeline`) only calls `submit(kind, kwargs, pin)`,
+`done/results`, and `idle(seconds)` while it waits for tasks to finish: these two sleep; the
+cluster simulator's executor (`bench.sim`) advances its clock instead, so it replays this very
+task graph. `PrefectExecutor` submits the Prefect task of each kind (every node becomes a task
+run in the UI); `DaskExecutor` submits the same function bodies as plain Dask futures. Both pin
+placement with `dask.annotate(...)` (see `flows.cluster.start.roles`); both pass dependencies as
+futures inside the arguments (each resolves them before the body runs). Running one workload
+through both is how the benchmark measures Prefect's orchestration overhead.
 
 The task modules are imported where the bodies run, not here: they pull in torch and
 transformers (~10 s of CPU), which the driver never needs. `DaskExecutor` submits `run_task`,
@@ -24,18 +24,21 @@ from typing import Any, Protocol
 
 import dask
 
-TASKS: dict[str, tuple[str, str]] = {  # kind → (module, Prefect task object in it)
-    "generate": ("tasks.rollout", "generate"),
-    "score": ("tasks.scoring", "score"),
-    "train": ("tasks.training", "train"),
-    "step": ("tasks.training", "optimizer_step"),
+# Task kind → the module of its Prefect task. The kind is also the task's function name, its
+# Prefect name, its `Timing.phase` and its Dask key prefix: one name per kind.
+TASKS: dict[str, str] = {
+    "generate": "tasks.rollout",
+    "score": "tasks.scoring",
+    "train_micro_batch": "tasks.training",
+    "optimizer_step": "tasks.training",
 }
 
 
 def task_of(kind: str) -> Any:
     """The Prefect task of `kind`, imported on first use."""
-    module, name = TASKS[kind]
-    return getattr(importlib.import_module(module), name)
+    if kind not in TASKS:
+        raise KeyError(f"unknown task kind {kind!r}; known: {', '.join(TASKS)}")
+    return getattr(importlib.import_module(TASKS[kind]), kind)
 
 
 def run_task(kind: str, **kwargs: Any) -> Any:
@@ -72,13 +75,13 @@ class PrefectExecutor:
 
 class DaskExecutor:
     """Submit the task bodies as plain Dask futures on `client`, keyed like the task
-    (`train-<uuid>`) so that the dashboard and the scheduler's logs name them."""
+    (`train_micro_batch-<uuid>`) so that the dashboard and the scheduler's logs name them."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
     def submit(self, kind: str, kwargs: dict[str, Any], pin: dict[str, Any]) -> Any:
-        key = f"{TASKS[kind][1]}-{uuid.uuid4()}"
+        key = f"{kind}-{uuid.uuid4()}"
         with dask.annotate(**pin):
             return self.client.submit(run_task, kind, key=key, **kwargs)
 

@@ -1,0 +1,7 @@
+"""`python -m flows.cli`: the `flexmarl` command without an installed entry point."""
+
+import sys
+
+from flows.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Joint Orchestrator: MEG × steps × micro-batches compiled into one task graph."""

@@ -1,0 +1,93 @@
+"""The handles of the steps in flight, by task kind, and what the driver learned of them.
+
+A handle is what the executor returned for a submitted task (a Dask or Prefect future). Once
+its result is in, the pipeline passes later tasks the result (`resolved`) instead of the
+handle, which ends the task's lineage there; `forget_before` drops the handles of steps no
+task will need again. Both keep the scheduler's memory flat over a long run (bench/soak.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+# Task kind → position of the step in its key: generate (node, k, j), score (k, j, group),
+# train_micro_batch (agent, k, j), optimizer_step (agent, k).
+STEP_AT = {"generate": 1, "score": 0, "train_micro_batch": 1, "optimizer_step": 1}
+
+
+def _drop_before(table: dict[Any, Any], at: int, k: int) -> list[Any]:
+    """Remove the entries whose step (`key[at]`) is < k; return their values."""
+    return [table.pop(key) for key in [key for key in table if key[at] < k]]
+
+
+class Futures:
+    """`futures[kind][key]` → handle, for the steps in flight."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[tuple[Any, ...], Any]] = {kind: {} for kind in STEP_AT}
+        self.generate_worker: dict[tuple[str, int, int], str] = {}  # where each generate runs
+        self._refs: dict[int, tuple[Any, Any]] = {}  # id(handle) -> (handle, its result)
+        self._forgotten = 0  # steps below this one have no handles any more
+
+    def __getitem__(self, kind: str) -> dict[tuple[Any, ...], Any]:
+        return self.tables[kind]
+
+    def finished(self, handle: Any, ref: Any) -> None:
+        if ref.step >= self._forgotten:
+            self._refs[id(handle)] = (handle, ref)
+
+    def resolved(self, handle: Any) -> Any:
+        """A finished task's result, else its handle: a value ends the lineage there."""
+        held, ref = self._refs.get(id(handle), (None, None))
+        return ref if held is handle and handle is not None else handle
+
+    def forget_before(self, k: int) -> None:
+        """Drop the handles of steps < k (a running task stays held by the pipeline's
+        pending list). Held, each kept its task's result and arguments alive on the scheduler
+        and the workers for the whole run (bench/soak.py)."""
+        self._forgotten = max(self._forgotten, k)
+        for kind, at in STEP_AT.items():
+            for handle in _drop_before(self.tables[kind], at, k):
+                self._refs.pop(id(handle), None)
+        _drop_before(self.generate_worker, 1, k)
+
+    def handles_of(self, k: int) -> list[Any]:
+        """Every submitted handle of step k, of every kind."""
+        return [
+            h
+            for kind, at in STEP_AT.items()
+            for key, h in self.tables[kind].items()
+            if key[at] == k
+        ]
+
+    def all(self) -> list[Any]:
+        return [h for table in self.tables.values() for h in table.values()]
+
+
+class StepLog:
+    """The results of one step's tasks, as the pipeline collects them.
+
+    The per-step Prefect task (`flows.orchestrator.watch`) waits on this instead of fetching
+    the step's results a second time: every result crosses the network once, into the driver."""
+
+    def __init__(self, step: int, expected: int) -> None:
+        self.step, self.expected = step, expected
+        self.refs: list[Any] = []
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def add(self, ref: Any) -> None:
+        self.refs.append(ref)
+        if len(self.refs) >= self.expected:
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.set()
+
+    def wait(self) -> list[Any]:
+        self._done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"step {self.step} failed: {self.error}") from self.error
+        return list(self.refs)

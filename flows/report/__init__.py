@@ -1,0 +1,1 @@
+"""What a run reports: summary metrics, plots, Prefect artifacts, progress, weights."""
