@@ -176,10 +176,10 @@ def ratio_vs_direct_vllm(
     Repeat r commits micro-batch r (a committed segment is never regenerated), and the direct
     arm gets the SamplingParams of that same micro-batch, so both sample the same tokens.
     """
-    from engines.rollout.hosts import get_host
     from meg.load import build_spec, validate
     from tasks.context import RunContext
     from tasks.rollout import generate_segment, plan_prompts, sampling_for
+    from tasks.worker import host_of
     from workloads.datasets import load_dataset
 
     data = yaml.safe_load(MATH_CHAIN.read_text())
@@ -191,8 +191,9 @@ def ratio_vs_direct_vllm(
     items = load_dataset(spec.dataset).train[:episodes]
     eps = tuple((f"k0e{i}", item) for i, item in enumerate(items))
     node, step = "solve", 0
-    solver = spec.agents[spec.nodes[node].agent]
-    host = get_host(spec.nodes[node].agent, solver.backend, solver.model)
+    # the very engine the task path uses (one vLLM engine in this process: a second one,
+    # created by the task's first call, left the first without its KV cache config)
+    host = host_of(ctx, spec.nodes[node].agent)
     _, prompts = plan_prompts(ctx, node, step, 0, eps)  # loads the tokenizer (cached)
     llm: Any = host.backend
     inputs: Any = [{"prompt_token_ids": list(p)} for p in prompts]
