@@ -1,1 +1,1 @@
-"""Prefect flows (train, evaluate) and what drives them: runs/, orchestrator/, cluster/, report/, cli/."""
+"""Prefect flows (train, evaluate) and what drives them: runs, orchestrator, cluster, cli."""
