@@ -64,6 +64,7 @@ bench: setup models
 	$(BIN)/python -m bench.rollout --json bench/results/rollout.json
 	$(BIN)/python -m bench.e2e --repeats 3 --json bench/results/e2e.json
 	$(BIN)/python -m bench.sim --json bench/results/sim.json  # validates against the e2e run above
+	$(BIN)/python -m bench.sim.balance --json bench/results/sim_balance.json
 	$(BIN)/python -m bench.peer_trl --repeats 2 --json bench/results/peer_trl.json
 	$(BIN)/python -m bench.soak --json bench/results/soak.json --png bench/results/soak.png
 	$(BIN)/python -m bench.lora --json bench/results/lora.json

@@ -272,12 +272,13 @@ def run_arm(
                     queue.append((a, b, policy.place(a.name, est), est))
         for a, b, host, est in queue:
             params = SamplingParams(max_tokens=a.max_tokens, seed=step * 1000 + b)
+            began = step_busy[host]  # hosts are modelled as independent devices
             t0 = time.perf_counter()
-            out = engines[host].generate(make_prompts(a.prompts, offset=b), params)
+            engines[host].generate(make_prompts(a.prompts, offset=b), params)
             step_busy[host] += time.perf_counter() - t0
             policy.complete(host, est)
-            policy.observe(a.name, sum(len(c.response_ids) for per in out for c in per))
-        policy.end_step()
+            policy.observe(a.name, began, step_busy[host], step)
+        policy.end_step(step)
         makespan += max(step_busy.values())
         for h in busy:
             busy[h] += step_busy[h]

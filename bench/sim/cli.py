@@ -3,7 +3,7 @@
 1. Validation: replays every arm `bench/e2e.py` measured (`--e2e`, default
    bench/results/e2e.json) on the `cpu-here` profile; `calibration_error` per arm.
 2. The paper's setting on `acc-64g`: 48 nodes × 16 accelerators, agents of 14B and 32B,
-   global batch 64 in micro-batches of 16, chain and fanout MEGs of 3 to 15 agents, in
+   global batch 64 in micro-batches of 16, chain, fanout and routed MEGs of 3 to 15 agents, in
    sync, marti-like, flex, flex without balancing and async(η=1).
 3. Scaling curves over agents (1 → 15) and accelerators (64 → 768), as PNGs.
 
@@ -44,7 +44,7 @@ class Plan:
 
 
 FULL = Plan(
-    scenarios=tuple((wl, n) for wl in ("chain", "fanout") for n in (3, 9, 15)),
+    scenarios=tuple((wl, n) for wl in ("chain", "fanout", "routed") for n in (3, 9, 15)),
     accel=PAPER_ACCEL,
     steps=8,
     agent_points=(1, 3, 5, 7, 9, 11, 13, 15),

@@ -132,6 +132,7 @@ def simulate(
         "loads": bodies.loads,
         "switches": bodies.switches,
         "rebalances": int(getattr(pipe.place.balancer, "changes", 0)),
+        "reverts": int(getattr(pipe.place.balancer, "reverts", 0)),
     }
     ends = [t.end for t in ts if t.phase == "optimizer_step"]
     first = max(t.end for t in ts if t.phase == "optimizer_step" and t.step == 0)

@@ -76,14 +76,17 @@ def _spec(name: str, agents: Mapping[str, object], nodes: Mapping[str, object]) 
     return validate(spec, source=name, known_rewards=known_rewards(), known_losses=loss_names())
 
 
-def _scenario(name: str, classes: list[str], inputs: list[list[str]]) -> Scenario:
-    """Agent i owns node i (named n{i}), of length class classes[i], reading inputs[i]."""
+def _scenario(
+    name: str, classes: list[str], inputs: list[list[str]], groups: list[int] | None = None
+) -> Scenario:
+    """Agent i owns node i (named n{i}), of length class classes[i], reading inputs[i], with
+    groups[i] samples per episode (default GROUP)."""
     agents = {f"a{i}": _agent(i, c) for i, c in enumerate(classes)}
     nodes: dict[str, dict[str, object]] = {
         f"n{i}": {
             "agent": f"a{i}",
             "template": "Q: {question}" + "".join(f" {{{p}}}" for p in ins),
-            "n": GROUP,
+            "n": groups[i] if groups else GROUP,
             "inputs": dict.fromkeys(ins, "best"),
         }
         for i, ins in enumerate(inputs)
@@ -112,7 +115,34 @@ def fanout_meg(n: int) -> Scenario:
     return _scenario(f"fanout-{n}", classes, inputs)
 
 
-WORKLOADS: dict[str, Callable[[int], Scenario]] = {"chain": chain_meg, "fanout": fanout_meg}
+def routed_shares(n_workers: int) -> list[float]:
+    """Zipf shares of a router's queries over its sub-agents (1, 1/2, 1/3, ..., normalised):
+    the skewed per-agent request load of the paper's Merchant Assistant."""
+    raw = [1 / (i + 1) for i in range(n_workers)]
+    return [r / sum(raw) for r in raw]
+
+
+def routed_meg(n: int) -> Scenario:
+    """A router, n-2 sub-agents, an aggregator (n ≥ 3), every agent of medium length.
+
+    The paper's MA workload routes each query to some sub-agents, so requests per agent are
+    skewed. Our MEGs run every node for every episode, so the routing is modelled by its
+    effect on load: sub-agent i samples a group in proportion to its routing share
+    (`routed_shares`, at least 1), the same sequences per step a router would send it."""
+    if n < 3:
+        return chain_meg(n)
+    workers = [f"n{i}" for i in range(1, n - 1)]
+    per = [max(1, round(GROUP * len(workers) * s)) for s in routed_shares(len(workers))]
+    classes = ["medium"] * n
+    inputs = [[], *(["n0"] for _ in workers), workers]
+    return _scenario(f"routed-{n}", classes, inputs, [GROUP, *per, GROUP])
+
+
+WORKLOADS: dict[str, Callable[[int], Scenario]] = {
+    "chain": chain_meg,
+    "fanout": fanout_meg,
+    "routed": routed_meg,
+}
 
 
 # ---- layouts --------------------------------------------------------------------------------

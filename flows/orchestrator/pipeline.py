@@ -260,7 +260,7 @@ class Pipeline:
             if ref.step in self.logs:
                 self.logs[ref.step].add(ref)
             if kind == "generate" and host is not None:
-                self.place.generated(host, est, ref.agent, ref.decode_tokens, ref.step)
+                self.place.generated(host, est, ref.agent, ref.timing)
             self.on_event(kind, ref)
             if isinstance(ref, ScoreRef):  # past the failure budget: the run stops here
                 self.failures.add(ref.step, ref.rows, ref.failed, ref.failure)

@@ -5,7 +5,7 @@ It places *weight units* (`meg.sharing`), not agents: LoRA agents that share a b
 unit, so they are always served by the same rollout engines and trained on the same training
 worker, where one resident base holds all their adapters. Generate tasks go where the
 balancer says (`engines.rollout.balancer`: inter-agent and intra-agent load balancing, fed
-the decode tokens each finished generate reports); score tasks round-robin over the rollout
+the seconds each finished generate took); score tasks round-robin over the rollout
 workers; each unit trains on one sticky training worker (its state stays resident there).
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 
-from engines.rollout.balancer import Balancer, HierarchicalBalancer, NoBalancing
+from engines.rollout.balancer import Balancer, BalancerConfig, HierarchicalBalancer, NoBalancing
 from flows.cluster.start import Workers
 from meg import MEGSpec, topological_order
 from meg.sharing import unit_of
+from tasks.context import Timing
 
 
 def need_order(order: list[str], node_agent: dict[str, str]) -> list[str]:
@@ -39,6 +40,21 @@ def host_worker(host: str) -> str:
     return host.rsplit("#", 1)[0]
 
 
+def unit_parents(spec: MEGSpec, unit: dict[str, str], units: list[str]) -> dict[str, list[str]]:
+    """Weight unit → the units whose output it reads (only units before it in `units`: a
+    unit of LoRA agents can hold nodes on both sides of another's; the balancer's step model
+    then sees the forward edges only)."""
+    pos = {u: i for i, u in enumerate(units)}
+    parents: dict[str, list[str]] = {u: [] for u in units}
+    for node in spec.nodes.values():
+        child = unit[node.agent]
+        for p in node.inputs:
+            parent = unit[spec.nodes[p].agent]
+            if pos[parent] < pos[child] and parent not in parents[child]:
+                parents[child].append(parent)
+    return parents
+
+
 class Placement:
     """The run's fixed placement (training workers, node order) and its live balancer."""
 
@@ -50,8 +66,16 @@ class Placement:
         units = list(dict.fromkeys(self.unit[a] for a in self.agents))  # in need order
         train_of = {u: workers.train[i % len(workers.train)] for i, u in enumerate(units)}
         self.train_worker = {a: train_of[self.unit[a]] for a in self.agents}
-        self.balancer: Balancer = (HierarchicalBalancer if balance else NoBalancing)(
-            units, rollout_hosts(workers, len(units))
+        hosts = rollout_hosts(workers, len(units))
+        self.balancer: Balancer = (
+            HierarchicalBalancer(
+                units,
+                hosts,
+                BalancerConfig(window=spec.run.window),
+                unit_parents(spec, self.unit, units),
+            )
+            if balance
+            else NoBalancing(units, hosts)
         )
         self._scored = 0
         self._generates_left: dict[int, int] = {}
@@ -67,13 +91,12 @@ class Placement:
     def expect_generates(self, step: int, n: int) -> None:
         self._generates_left[step] = self._generates_left.get(step, 0) + n
 
-    def generated(
-        self, host: str, est_tokens: int, agent: str, decode_tokens: int, step: int
-    ) -> None:
-        """A generate finished: free its engine, feed the demand signal, and let the balancer
-        rebalance once every generate of the step is in."""
+    def generated(self, host: str, est_tokens: int, agent: str, timing: Timing) -> None:
+        """A generate finished: free its engine, feed the demand signal (when the task ran),
+        and let the balancer rebalance once every generate of the step is in."""
+        step = timing.step
         self.balancer.complete(host, est_tokens)
-        self.balancer.observe(self.unit[agent], decode_tokens)
+        self.balancer.observe(self.unit[agent], timing.start, timing.end, step)
         self._generates_left[step] -= 1
         if self._generates_left[step] == 0:
-            self.balancer.end_step()
+            self.balancer.end_step(step)

@@ -43,7 +43,11 @@ class Steps:
     def results(self, handles: list[Task]) -> list[Any]:
         return [
             SimpleNamespace(
-                step=h.step, agent=h.kwargs.get("agent", "planner"), decode_tokens=0, task=h
+                step=h.step,
+                agent=h.kwargs.get("agent", "planner"),
+                decode_tokens=0,
+                timing=SimpleNamespace(start=0.0, end=0.0, step=h.step),
+                task=h,
             )
             for h in handles
         ]

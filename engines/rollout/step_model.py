@@ -1,0 +1,51 @@
+"""How long one step's rollout takes under a host split: a small list-scheduling model.
+
+The balancer's question is not "which agent has the most work" but "which split finishes a
+step's rollout first", and in a multi-agent graph the two differ. In a chain every agent is
+on the critical path: taking a host from a short agent makes each micro-batch wait for it,
+and a host given to a long agent whose tasks already run in as few rounds as they can buys
+nothing (the cluster simulator measured a 15-agent chain 5–15% slower with a split that
+minimized the largest per-agent load). So the balancer scores a split by replaying one step
+here: every agent's tasks (its measured mean seconds, `Demand`), micro-batch i of an agent
+after micro-batch i of each agent it reads from, each on the agent's earliest-free host, in
+micro-batch then graph order — the order the pipeline's priorities give them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+
+class TaskDemand(Protocol):
+    @property
+    def work(self) -> float: ...
+    @property
+    def tasks(self) -> float: ...
+
+
+def rollout_makespan(
+    order: Sequence[str],
+    parents: Mapping[str, Sequence[str]],
+    demand: Mapping[str, TaskDemand],
+    counts: Mapping[str, int],
+) -> float:
+    """Seconds from the first generate of a step to the last, under `counts` hosts per agent.
+
+    `order`: agents in graph order (parents first); `parents[a]`: the agents `a` reads from.
+    """
+    n = {a: max(1, round(demand[a].tasks)) if a in demand else 0 for a in order}
+    free = {a: [0.0] * counts[a] for a in order}
+    finish: dict[tuple[str, int], float] = {}
+    for i in range(max(n.values(), default=0)):
+        for a in order:
+            if i >= n[a]:
+                continue
+            ready = max(
+                (finish[(p, min(n[p] - 1, i * n[p] // n[a]))] for p in parents.get(a, ()) if n[p]),
+                default=0.0,
+            )
+            hosts = free[a]
+            h = min(range(len(hosts)), key=hosts.__getitem__)
+            hosts[h] = finish[(a, i)] = max(ready, hosts[h]) + demand[a].work / n[a]
+    return max(finish.values(), default=0.0)
