@@ -12,7 +12,7 @@ import json
 import re
 import time
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ from flows.runs.record import (
     load_run,
     resume_point,
 )
-from flows.runs.resolve import RUN_FIELDS, resolve
+from flows.runs.resolve import RUN_FIELDS, continued, resolve
 from meg.limits import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW
 from meg.render import mermaid
 from meg.sizes import step_samples_problem
@@ -77,7 +77,11 @@ class TrainParams(BaseModel):
     store: str | None = Field(
         None, description="fsspec URL of the MEG Store (default <run_dir>/store)"
     )
-    resume: str | None = Field(None, description="run directory of a killed run to continue")
+    resume: str | None = Field(
+        None,
+        description="run directory of a killed run to continue (with --steps N: a finished "
+        "run, to N steps)",
+    )
     balance: bool | None = Field(
         None, description="hierarchical rollout load balancing (else a static equal split)"
     )
@@ -132,11 +136,24 @@ def plan(p: TrainParams) -> Run:
     return Run(run_dir, ctx, dict(sources))
 
 
+def resumed(p: TrainParams, run: Run) -> Run:
+    """`run` (the one `p.resume` names), with its steps raised if `p` asks (`continued`);
+    the MEG file is compared only when given explicitly. `run` itself if nothing changes."""
+    meg = load_config(p.config) if "config" in p.model_fields_set else None
+    try:
+        spec = continued(run.ctx.spec, {f: getattr(p, f) for f in RUN_OVERRIDES}, meg)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    if spec is run.ctx.spec:
+        return run
+    return replace(run, ctx=replace(run.ctx, spec=spec), sources={**run.sources, "steps": "cli"})
+
+
 def check(p: TrainParams) -> Run:
     """Everything a user can get wrong, checked before any server or cluster starts: the run
     `train(p)` will start (a new run's plan, kept for `prepare`; or the run to resume)."""
     if p.resume:
-        return load_run(Path(p.resume))
+        return resumed(p, load_run(Path(p.resume)))
     run = plan(p)
     _CHECKED.clear()  # one plan is kept: the one the next `prepare` of the same params uses
     _CHECKED[p.model_dump_json()] = run
@@ -147,8 +164,13 @@ def prepare(p: TrainParams) -> Run:
     """Phase 1: a new run written to its directory (the plan `check` made, or a fresh one),
     or the resume point of an existing run."""
     if p.resume:
-        return resume_point(load_run(Path(p.resume)))
-    run = _CHECKED.pop(p.model_dump_json(), None) or plan(p)
+        recorded = load_run(Path(p.resume))
+        run = resumed(p, recorded)
+        if run is not recorded:
+            run.save()  # continued to more steps: the record says so from now on
+        return resume_point(run)
+    key = p.model_dump_json()
+    run = _CHECKED.pop(key) if key in _CHECKED else plan(p)
     run.save()
     (run.dir / "meg.mmd").write_text(mermaid(run.ctx.spec))
     ctx = run.ctx
