@@ -97,9 +97,15 @@ class SimBodies:
     def start(self, kind: str, kwargs: dict[str, Any], worker: str, now: float) -> Work:
         extra = self._role_change(kind, kwargs, worker)
         work = BODIES[kind](self, kwargs, worker)
-        return Work(
-            work.seconds + extra, work.make, work.phase, work.agent, work.step, work.micro_batch
-        )
+        total = work.seconds + extra  # a role switch moves data: the accelerators wait
+        active = self._share(work.active * work.seconds, total)
+        return Work(total, work.make, work.phase, work.agent, work.step, work.micro_batch, active)
+
+    def _share(self, busy_s: float, seconds: float) -> float:
+        """The share of a task's accelerator time that computes (1 on a CPU profile)."""
+        if not self.costs.accelerators or seconds <= 0:
+            return 1.0
+        return min(1.0, busy_s / seconds)
 
     def _model(self, agent: str) -> str:
         return self.spec.agents[agent].model
@@ -131,6 +137,7 @@ class SimBodies:
         prompts = np.full(n, prompt)
         model, accel = self._model(agent), self.accel[worker]
         seconds = self.costs.generate(model, prompts, lengths, accel)
+        busy = self.costs.generate_active(model, prompts, lengths, accel) * seconds
         if self.last_agent.get(worker, agent) != agent and (load := self.costs.load(model, accel)):
             seconds += load  # the instance takes this agent's weights (after a rebalance)
             self.loads += 1
@@ -149,7 +156,7 @@ class SimBodies:
                 node, agent, k, j, seg, n, tokens, version, False, t, segment_tokens=tokens
             )
 
-        return Work(seconds, make, "generate", agent, k, j)
+        return Work(seconds, make, "generate", agent, k, j, self._share(busy, seconds))
 
     def score(self, kw: dict[str, Any], worker: str) -> Work:
         k, j, group = kw["step"], kw["mb"], kw["group"]
@@ -158,7 +165,7 @@ class SimBodies:
         def make(t: Timing) -> ScoreRef:
             return ScoreRef(k, j, group.nodes, rows, {}, RewardSum(), t)
 
-        return Work(self.costs.score(rows), make, "score", "-", k, j)
+        return Work(self.costs.score(rows), make, "score", "-", k, j, self._share(0, 1))
 
     def train(self, kw: dict[str, Any], worker: str) -> Work:
         agent, k, j = kw["agent"], kw["step"], kw["mb"]
@@ -166,7 +173,8 @@ class SimBodies:
         rows = sum(d.rows for d in mine)
         tokens = sum(d.prompt_tokens + d.response_tokens for d in mine)
         model, accel = self._model(agent), self.accel[worker]
-        seconds = self.costs.train(model, tokens, accel) + self._acquire(agent, worker)
+        compute = self.costs.train(model, tokens, accel)
+        seconds = compute + self._acquire(agent, worker)
         segs = tuple(f"{n}-k{k}-mb{j}" for n, s in self.spec.nodes.items() if s.agent == agent)
 
         def make(t: Timing) -> TrainRef:
@@ -174,17 +182,19 @@ class SimBodies:
                 agent, k, j, segs, (k,), rows, sum(d.response_tokens for d in mine), 0.0, t
             )
 
-        return Work(seconds, make, "train_micro_batch", agent, k, -1 if j is None else j)
+        mb = -1 if j is None else j
+        return Work(seconds, make, "train_micro_batch", agent, k, mb, self._share(compute, seconds))
 
     def step(self, kw: dict[str, Any], worker: str) -> Work:
         agent, k = kw["agent"], kw["step"]
         model, accel = self._model(agent), self.accel[worker]
-        seconds = self.costs.step(model, accel) + self._acquire(agent, worker)
+        compute = self.costs.step(model, accel)
+        seconds = compute + self._acquire(agent, worker)
 
         def make(t: Timing) -> StepRef:
             return StepRef(agent, k, k + 1, False, 0.0, 0.0, False, t)
 
-        return Work(seconds, make, "optimizer_step", agent, k, -1)
+        return Work(seconds, make, "optimizer_step", agent, k, -1, self._share(compute, seconds))
 
     # ---- training slots -----------------------------------------------------------------
     def _acquire(self, agent: str, worker: str) -> float:

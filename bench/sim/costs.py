@@ -44,7 +44,16 @@ class Costs(Protocol):
     def dispatch_s(self) -> float: ...
     @property
     def cores(self) -> float | None: ...
+    @property
+    def accelerators(self) -> bool:
+        """Utilization counts accelerator compute only (True: reward scoring, swaps and
+        weight loads leave the accelerators idle), or every busy second (False: a CPU)."""
+        ...
+
     def generate(
+        self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int
+    ) -> float: ...
+    def generate_active(
         self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int
     ) -> float: ...
     def score(self, rows: int) -> float: ...
@@ -69,6 +78,10 @@ class LinearCosts:
     def cores(self) -> float | None:
         return self.fit.cores
 
+    @property
+    def accelerators(self) -> bool:
+        return False
+
     def generate(self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int) -> float:
         f = self.fit
         longest = float(lengths.max(initial=0))
@@ -78,6 +91,11 @@ class LinearCosts:
             + f.gen_token * float(lengths.sum())
             + (f.gen_prompt * float(prompts.sum()))
         )
+
+    def generate_active(
+        self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int
+    ) -> float:
+        return 1.0  # one process, one thread: busy for the whole task
 
     def score(self, rows: int) -> float:
         return self.fit.score_task + self.fit.score_row * rows
@@ -128,6 +146,10 @@ class RooflineCosts:
         return self.overhead.dispatch
 
     @property
+    def accelerators(self) -> bool:
+        return True
+
+    @property
     def cores(self) -> float | None:
         return None  # every worker has accelerators of its own
 
@@ -142,6 +164,20 @@ class RooflineCosts:
             replica_decode_s(m, self.acc, self.eff, prompts[i::r], lengths[i::r]) for i in range(r)
         )
         return self.overhead.gen_task + slowest
+
+    def generate_active(
+        self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int
+    ) -> float:
+        """The share of the worker's accelerators decoding, averaged over the task: a
+        replica is active while it serves its sequences and idle after, or with none (the
+        paper's utilization is this active time, not MFU)."""
+        m = MODELS[model]
+        r = max(1, accel // m.tp)
+        busy = [
+            replica_decode_s(m, self.acc, self.eff, prompts[i::r], lengths[i::r]) for i in range(r)
+        ]
+        total = self.overhead.gen_task + max(busy)
+        return m.tp * sum(busy) / (accel * total) if total > 0 else 1.0
 
     def score(self, rows: int) -> float:
         return self.overhead.score_task + self.overhead.score_row * rows

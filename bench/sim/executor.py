@@ -51,6 +51,7 @@ class Work:
     agent: str = "-"
     step: int = 0
     micro_batch: int = -1
+    active: float = 1.0  # the share of the worker's accelerators busy over the task
 
 
 class Bodies(Protocol):
@@ -122,6 +123,7 @@ class SimExecutor:
         self.queued: dict[str, list[SimTask]] = {w: [] for w in workers}
         self.running: dict[str, SimTask] = {}
         self.finished: list[SimTask] = []
+        self.active: dict[Timing, float] = {}  # tasks that kept part of their worker idle
         self._seq = itertools.count()
         self._fresh = False  # submissions since the last dispatch
 
@@ -230,6 +232,8 @@ class SimExecutor:
             w.phase or task.kind, w.agent, w.step, w.micro_batch, worker, task.start, task.end
         )
         task.result = w.make(timing)
+        if w.active < 1.0:
+            self.active[timing] = w.active
         self.finished.append(task)
         for d in task.dependents:
             self._maybe_ready(d)

@@ -69,14 +69,23 @@ class SimRun:
 
 
 def steady_state(
-    ts: list[Timing], rows: list[dict[str, Any]], accel: Mapping[str, int]
+    ts: list[Timing],
+    rows: list[dict[str, Any]],
+    accel: Mapping[str, int],
+    active: Mapping[Timing, float] | None = None,
 ) -> tuple[float, float]:
     """(step_s, utilization) over steps ≥ 1: the window from the end of step 0 to the end of
-    the run, each task clipped to it and weighted by its worker's accelerators."""
+    the run, each task clipped to it and weighted by the accelerators of its worker it kept
+    computing (`active`, a share; 1 for a task not in it) — the paper's utilization, the
+    accelerators' active time, not MFU."""
+    share = active or {}
     later = [r["wall_s"] for r in rows if r["step"] >= 1] or [r["wall_s"] for r in rows]
     begin = max((t.end for t in ts if t.phase == "optimizer_step" and t.step == 0), default=0.0)
     end = max(t.end for t in ts)
-    busy = sum(max(0.0, min(t.end, end) - max(t.start, begin)) * accel[t.worker] for t in ts)
+    busy = sum(
+        max(0.0, min(t.end, end) - max(t.start, begin)) * accel[t.worker] * share.get(t, 1.0)
+        for t in ts
+    )
     total = (end - begin) * sum(accel.values())
     return statistics.median(later), busy / total if total > 0 else 0.0
 
@@ -125,7 +134,7 @@ def simulate(
     results = pipe.finish()
     ts = timings(results)
     rows = per_step(results, 0.0)
-    step_s, util = steady_state(ts, rows, layout.accel)
+    step_s, util = steady_state(ts, rows, layout.accel, ex.active)
     counts = {
         "tasks": len(ts),
         "swaps": bodies.swaps,

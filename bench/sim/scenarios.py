@@ -174,10 +174,22 @@ def colocated(n_agents: int, accel: int) -> Layout:
     return Layout(workers, workers, dict.fromkeys(workers, size), 1)
 
 
+def whole_cluster(n_agents: int, accel: int) -> Layout:
+    """MAS-RL-like. The paper describes MAS-RL as stage-synchronous with its agents
+    serialized and publishes no placement; our assumption: one worker of every accelerator
+    in both roles, on which the agents take turns (each rolls out its whole batch, then
+    trains), paying a role switch and a weight load at every change. As many training states
+    stay resident as fit in 80% of the memory."""
+    state = MODELS[BIG].train_state_bytes
+    slots = max(1, min(n_agents, math.floor(0.8 * accel * ACC_64G.mem_bytes / state)))
+    return Layout(("cluster",), ("cluster",), {"cluster": accel}, slots)
+
+
 @dataclass(frozen=True, slots=True)
 class Mode:
     arm: Arm
     layout: Callable[[int, int], Layout]
+    micro_batches: int | None = None  # the scenario's unless set (MAS-RL-like: one)
 
 
 MODES: dict[str, Mode] = {
@@ -186,5 +198,6 @@ MODES: dict[str, Mode] = {
     "flex": Mode(Arm("flex"), disaggregated),
     "flex-nobalance": Mode(Arm("flex", balance=False), disaggregated),
     "async-1": Mode(Arm("async", 1), disaggregated),
+    "mas-rl-like": Mode(Arm("sync", balance=False), whole_cluster, micro_batches=1),
 }
 PAPER_ACCEL = 48 * PER_NODE

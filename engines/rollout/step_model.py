@@ -7,8 +7,9 @@ and a host given to a long agent whose tasks already run in as few rounds as the
 nothing (the cluster simulator measured a 15-agent chain 5–15% slower with a split that
 minimized the largest per-agent load). So the balancer scores a split by replaying one step
 here: every agent's tasks (its measured mean seconds, `Demand`), micro-batch i of an agent
-after micro-batch i of each agent it reads from, each on the agent's earliest-free host, in
-micro-batch then graph order — the order the pipeline's priorities give them.
+after the same micro-batch of each agent it reads from (all of the parent's tasks of it, when
+a unit runs several nodes), each on the agent's earliest-free host, in micro-batch order —
+the order the pipeline's priorities give them.
 """
 
 from __future__ import annotations
@@ -35,17 +36,20 @@ def rollout_makespan(
     `order`: agents in graph order (parents first); `parents[a]`: the agents `a` reads from.
     """
     n = {a: max(1, round(demand[a].tasks)) if a in demand else 0 for a in order}
-    free = {a: [0.0] * counts[a] for a in order}
     finish: dict[tuple[str, int], float] = {}
-    for i in range(max(n.values(), default=0)):
-        for a in order:
-            if i >= n[a]:
-                continue
+    for a in order:  # parents first; an agent's hosts are its own, so agents need no interleaving
+        hosts = [0.0] * counts[a]
+        for i in range(n[a]):  # task i: after the parents' tasks of the same micro-batch
             ready = max(
-                (finish[(p, min(n[p] - 1, i * n[p] // n[a]))] for p in parents.get(a, ()) if n[p]),
+                (finish[(p, _last_of(i, n[a], n[p]))] for p in parents.get(a, ()) if n[p]),
                 default=0.0,
             )
-            hosts = free[a]
             h = min(range(len(hosts)), key=hosts.__getitem__)
             hosts[h] = finish[(a, i)] = max(ready, hosts[h]) + demand[a].work / n[a]
     return max(finish.values(), default=0.0)
+
+
+def _last_of(i: int, n: int, n_parent: int) -> int:
+    """The parent's last task of the micro-batch that holds task i of n (a parent unit with
+    two nodes runs two tasks per micro-batch: task i waits for both)."""
+    return min(n_parent - 1, ((i + 1) * n_parent - 1) // n)

@@ -25,9 +25,15 @@ class Equal:
     p: float = 0.25
     dispatch_s: float = 0.0
     cores: int | None = None
+    accelerators: bool = False
 
     def generate(self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int) -> float:
         return self.g
+
+    def generate_active(
+        self, model: str, prompts: np.ndarray, lengths: np.ndarray, accel: int
+    ) -> float:
+        return 1.0
 
     def score(self, rows: int) -> float:
         return self.s

@@ -190,3 +190,14 @@ def test_config_validation() -> None:
     with pytest.raises(ValueError, match="trial_steps"):
         BalancerConfig(trial_steps=0)
     assert math.isclose(BalancerConfig().min_gain, 0.1)
+
+
+def test_the_step_model_maps_tasks_between_agents_of_different_counts() -> None:
+    """LoRA agents sharing a base are one unit with the tasks of all their nodes: a child
+    unit with fewer tasks waits for the parent's task at the same position (the debate's
+    `alice+bob` unit runs 8 tasks a step, its judge 4)."""
+    d = {"pair": Demand(80, 8), "judge": Demand(40, 4)}
+    parents = {"judge": ("pair",)}
+    # judge's task i waits for pair's task 2i: the last (i=3) waits for pair's 7th at 80 s
+    assert rollout_makespan(["pair", "judge"], parents, d, {"pair": 1, "judge": 1}) == 90
+    assert rollout_makespan(["pair", "judge"], parents, d, {"pair": 2, "judge": 1}) == 50
