@@ -1,0 +1,117 @@
+"""One resolved run config: a MEG's `run:` section and the command line's values, merged once.
+
+Every run setting has one home, `RunSpec` (meg/spec.py). A MEG file gives its defaults,
+`flexmarl train` flags of the same name override them (`TrainParams`: None means "not
+given"), and `resolve` merges the two into a new frozen spec whose `run` holds the values the
+run uses — with where each came from: `cli`, `meg` (the MEG file set it) or `default`
+(RunSpec's own). `run.json` stores exactly that spec, and the pipeline, the tasks, the
+trainers and a resume read only it (`RunContext.mode`, `.steps`, ... are views of it).
+
+A resumed run keeps its settings: `continued` lets the command line (or the MEG file given
+again) raise `steps` — continuing a finished run, as a larger `max_steps` does in TRL — and
+refuses anything else that differs, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from meg import MEGSpec
+from meg.spec import RunSpec
+
+Source = Literal["cli", "meg", "default"]
+RUN_FIELDS = tuple(RunSpec.model_fields)
+
+
+class ResolveError(ValueError):
+    """An override that does not fit the MEG's run settings (a user error)."""
+
+
+def resolve(spec: MEGSpec, overrides: Mapping[str, Any]) -> tuple[MEGSpec, dict[str, Source]]:
+    """`spec` with the given (non-None) run settings applied and validated together, and the
+    source of every run setting."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(given) - set(RUN_FIELDS))
+    if unknown:
+        raise TypeError(f"not run settings: {unknown} (RunSpec has {list(RUN_FIELDS)})")
+    try:
+        resolved = spec.with_run(**given)
+    except ValidationError as e:
+        raise ResolveError(_options_message(e, given)) from None
+    return resolved, sources(spec.run, given)
+
+
+def sources(run: RunSpec, given: Mapping[str, Any]) -> dict[str, Source]:
+    """Where each run setting comes from, given the MEG's `run` and the command line's."""
+    from_meg = run.model_fields_set
+
+    def source(name: str) -> Source:
+        return "cli" if name in given else "meg" if name in from_meg else "default"
+
+    return {name: source(name) for name in RUN_FIELDS}
+
+
+def _options_message(e: ValidationError, given: Mapping[str, Any]) -> str:
+    """pydantic's errors as the flags the user typed (`--micro-batches: ...`)."""
+    parts = []
+    for err in e.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        flag = f"--{field.replace('_', '-')}" if field in given else f"run.{field}"
+        parts.append(f"{flag}: {msg}" if field else msg)
+    return "; ".join(parts)
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The first path (`nodes.verify.template`) where two JSON-like values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                return where
+            if (found := first_difference(a[key], b[key], where)) is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if (found := first_difference(x, y, f"{path}[{i}]")) is not None:
+                return found
+        return None
+    return None if a == b else path or "(the whole value)"
+
+
+def continued(
+    recorded: MEGSpec, overrides: Mapping[str, Any], meg: MEGSpec | None = None
+) -> MEGSpec:
+    """The spec a resumed run goes on with: the recorded one, with `steps` raised if the
+    command line (`overrides`, None: not given) or the MEG file given again (`meg`) asks for
+    more. Anything else that differs from the run's is refused (`ResolveError`)."""
+    asked: dict[str, Any] = {}
+    if meg is not None:
+        mine = recorded.model_dump(mode="json", exclude={"run"})
+        where = first_difference(meg.model_dump(mode="json", exclude={"run"}), mine)
+        if where is not None:
+            raise ResolveError(
+                f"the MEG differs from the run's at `{where}`: --resume continues the run it "
+                "recorded (run.json); start a new run for a changed MEG"
+            )
+        asked = meg.run.model_dump()
+    asked |= {k: v for k, v in overrides.items() if v is not None}
+    run = recorded.run.model_dump()
+    steps = asked.pop("steps", run["steps"])
+    changed = [k for k, v in asked.items() if k in run and v != run[k]]
+    if changed:
+        shown = ", ".join(f"{k} {asked[k]!r} (the run's: {run[k]!r})" for k in changed)
+        raise ResolveError(
+            f"--resume keeps the run's settings; asked to change {shown}. Only --steps may "
+            "grow a run"
+        )
+    if steps < run["steps"]:
+        raise ResolveError(
+            f"--steps {steps}: the run has {run['steps']} steps; --resume may add steps, "
+            "not remove them"
+        )
+    return recorded if steps == run["steps"] else recorded.with_run(steps=steps)

@@ -1,0 +1,81 @@
+"""The one merge of a MEG's `run:` with the command line, and what a resume may change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.cli.main import main
+from flows.runs.config import load_config
+from flows.runs.record import load_run
+from flows.runs.resolve import ResolveError, continued, first_difference, resolve
+from flows.train import TrainParams, check, prepare
+from meg import MEGSpec
+from tests.flows.conftest import write_config
+
+
+@pytest.fixture
+def spec(tmp_path: Path, tiny_model: str) -> MEGSpec:
+    return load_config(str(write_config(tmp_path, tiny_model, steps=2, micro_batches=2)))
+
+
+def test_resolve_applies_given_values_once_and_names_their_sources(spec: MEGSpec) -> None:
+    resolved, sources = resolve(spec, {"mode": "async", "staleness": 1, "seed": None})
+    assert (resolved.run.mode, resolved.run.staleness) == ("async", 1)
+    assert resolved.run.steps == spec.run.steps == 2  # the MEG's own
+    assert sources["mode"] == "cli" and sources["steps"] == "meg" and sources["seed"] == "default"
+    with pytest.raises(ResolveError, match=r"--window: Input should be greater than or equal"):
+        resolve(spec, {"window": 0})
+    with pytest.raises(ResolveError, match="must be at least micro_batches"):
+        resolve(spec, {"micro_batches": 10_000})
+    with pytest.raises(TypeError, match="not run settings"):
+        resolve(spec, {"run_dir": "x"})
+
+
+def test_first_difference_names_the_path() -> None:
+    assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}) == "a.b[1]"
+    assert first_difference({"a": 1}, {"a": 1, "c": 2}) == "c"
+    assert first_difference({"a": [1]}, {"a": [1, 2]}) == "a"
+    assert first_difference({"a": 1}, {"a": 1}) is None
+
+
+def test_continued_may_only_grow_steps(spec: MEGSpec) -> None:
+    assert continued(spec, {"steps": None, "mode": None}) is spec
+    assert continued(spec, {"steps": 5}).run.steps == 5
+    assert continued(spec, {"mode": spec.run.mode}) is spec  # the same value is no change
+    with pytest.raises(ResolveError, match="add steps, not remove them"):
+        continued(spec, {"steps": 1})
+    with pytest.raises(ResolveError, match=r"mode 'sync' \(the run's: 'flex'\)"):
+        continued(spec, {"mode": "sync"})
+    changed = spec.model_copy(update={"description": "edited"})
+    with pytest.raises(ResolveError, match="differs from the run's at `description`"):
+        continued(spec, {}, changed)
+    longer = spec.with_run(steps=4)  # the MEG file given again asks for more steps
+    assert continued(spec, {}, longer).run.steps == 4
+
+
+def test_resume_refusals_and_a_recorded_extension(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before anything starts: a smaller --steps, a changed setting, a changed MEG are
+    refused in one line; a larger --steps is written to run.json by `prepare`."""
+    cfg = write_config(tmp_path / "cfg", tiny_model, steps=2, micro_batches=2)
+    run_dir = tmp_path / "run"
+    new = TrainParams(config=str(cfg), run_dir=str(run_dir))
+    check(new)
+    prepare(new)  # run.json and the store, as a started run leaves them
+    assert load_run(run_dir).sources["steps"] == "meg"
+    resume = ["train", "--resume", str(run_dir)]
+    assert main([*resume, "--steps", "1"]) == 2
+    assert "add steps, not remove them" in capsys.readouterr().err
+    assert main([*resume, "--mode", "sync"]) == 2
+    assert "--resume keeps the run's settings" in capsys.readouterr().err
+    other = write_config(tmp_path / "other", tiny_model, steps=2, micro_batches=2)
+    other.write_text(other.read_text().replace("micro_batches: 2", "micro_batches: 1"))
+    assert main(["train", str(other), "--resume", str(run_dir)]) == 2
+    assert "--resume keeps the run's settings" in capsys.readouterr().err
+    run = prepare(TrainParams(resume=str(run_dir), steps=3))
+    assert run.ctx.steps == 3 and run.start_step == 0
+    recorded = load_run(run_dir)
+    assert recorded.ctx.spec.run.steps == 3 and recorded.sources["steps"] == "cli"
