@@ -170,7 +170,11 @@ def prepare(p: TrainParams) -> Run:
             run.save()  # continued to more steps: the record says so from now on
         return resume_point(run)
     key = p.model_dump_json()
-    run = _CHECKED.pop(key) if key in _CHECKED else plan(p)
+    if key in _CHECKED:  # planned by `check`: the directory may have been taken since
+        run = _CHECKED.pop(key)
+        already_a_run(run.dir)
+    else:
+        run = plan(p)
     run.save()
     (run.dir / "meg.mmd").write_text(mermaid(run.ctx.spec))
     ctx = run.ctx

@@ -58,3 +58,17 @@ def test_a_format_1_record_is_read_with_its_settings_beside_the_spec(
     (run_dir / "run.json").write_text("{not json")
     with pytest.raises(RunError, match="not a valid run record"):
         load_run(run_dir)
+
+
+def test_a_directory_taken_between_check_and_prepare_is_refused(
+    tmp_path: Path, tiny_model: str
+) -> None:
+    from flows.train import TrainParams, check, prepare
+
+    cfg = write_config(tmp_path / "cfg", tiny_model)
+    params = TrainParams(config=str(cfg), run_dir=str(tmp_path / "run"))
+    check(params)  # the plan `prepare` will reuse
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")  # another run took the directory
+    with pytest.raises(RunError, match="already holds a run"):
+        prepare(params)
