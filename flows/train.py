@@ -111,6 +111,11 @@ RUN_OVERRIDES = tuple(f for f in TrainParams.model_fields if f in RUN_FIELDS)
 _CHECKED: dict[str, Run] = {}  # params JSON → the run `check` planned, for `prepare`
 
 
+def overrides(p: TrainParams) -> dict[str, object]:
+    """The run settings `p` gives (None: not given, the MEG's value stands)."""
+    return {f: getattr(p, f) for f in RUN_OVERRIDES}
+
+
 def plan(p: TrainParams) -> Run:
     """The new run `p` asks for, resolved and checked, nothing written yet: its directory,
     and its context whose spec holds the run settings after the command line's overrides."""
@@ -119,7 +124,7 @@ def plan(p: TrainParams) -> Run:
     run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
     already_a_run(run_dir)
     try:
-        spec, sources = resolve(spec, {f: getattr(p, f) for f in RUN_OVERRIDES})
+        spec, sources = resolve(spec, overrides(p))
         scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
     except ValueError as e:
         raise RunError(str(e)) from None
@@ -141,7 +146,7 @@ def resumed(p: TrainParams, run: Run) -> Run:
     the MEG file is compared only when given explicitly. `run` itself if nothing changes."""
     meg = load_config(p.config) if "config" in p.model_fields_set else None
     try:
-        spec = continued(run.ctx.spec, {f: getattr(p, f) for f in RUN_OVERRIDES}, meg)
+        spec = continued(run.ctx.spec, overrides(p), meg)
     except ValueError as e:
         raise RunError(str(e)) from None
     if spec is run.ctx.spec:

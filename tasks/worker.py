@@ -18,7 +18,6 @@ from meg.sharing import weight_units
 from storage.state import Host, StateStore
 from storage.store import MEGStore
 from tasks.context import RunContext
-from workloads.datasets import Splits, load_dataset
 
 _LOCK = threading.Lock()
 _SLOTS: dict[tuple[str, str], Any] = {}
@@ -60,18 +59,6 @@ def plugins_of(ctx: RunContext) -> None:
     `workloads.plugins.ship`; a no-op where they already are)."""
     if ctx.spec.plugins:
         _plugins(tuple(ctx.spec.plugins))
-
-
-@functools.lru_cache(maxsize=8)
-def _splits(spec_json: str) -> Splits:
-    from meg.spec import DatasetSpec
-
-    return load_dataset(DatasetSpec.model_validate_json(spec_json))
-
-
-def splits_of(ctx: RunContext) -> Splits:
-    plugins_of(ctx)  # a generator of the user's own
-    return _splits(ctx.spec.dataset.model_dump_json())
 
 
 def slots_of(ctx: RunContext) -> Any:

@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from engines.rollout.step_model import rollout_makespan
+from engines.rollout.step_model import Demand, rollout_makespan
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +82,6 @@ class Balancer(Protocol):
     def end_step(self, step: int = 0) -> bool: ...
     def place(self, agent: str, est_tokens: int) -> str: ...
     def complete(self, host: str, tokens: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """An agent's rollout per step: `work` (summed task seconds) and `tasks` (how many)."""
-
-    work: float
-    tasks: float = 1.0
 
 
 def equal_split(agents: Sequence[str], hosts: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -134,7 +126,7 @@ class _StepTasks:
 
 
 class HierarchicalBalancer:
-    """Demand-following host split per agent + fewest-outstanding-tokens placement."""
+    """Demand-following host split per agent + turn-taking placement within an agent."""
 
     def __init__(
         self,
@@ -174,17 +166,20 @@ class HierarchicalBalancer:
         self.hosts_of(agent)
         if end < start:
             raise ValueError(f"a task cannot end ({end}) before it starts ({start})")
-        tasks = self._steps.setdefault(step, _StepTasks({a: [] for a in self.agents}))
+        tasks = self._steps.setdefault(step, self._no_tasks())
         tasks.seconds[agent].append(end - start)
         tasks.start, tasks.end = min(tasks.start, start), max(tasks.end, end)
 
     def counts(self) -> dict[str, int]:
         return {a: len(h) for a, h in self.assignment.items()}
 
+    def _no_tasks(self) -> _StepTasks:
+        return _StepTasks({a: [] for a in self.agents})
+
     def end_step(self, step: int = 0) -> bool:
         """Fold `step`'s tasks into the estimates; judge a split on trial; maybe re-split
         hosts. True if the split changed."""
-        tasks = self._steps.pop(step, _StepTasks({a: [] for a in self.agents}))
+        tasks = self._steps.pop(step, None) or self._no_tasks()
         self._fold(tasks.seconds)
         span = tasks.end - tasks.start if tasks.end >= tasks.start else None
         if self.trial is not None:

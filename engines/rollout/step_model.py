@@ -15,20 +15,21 @@ the order the pipeline's priorities give them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 
-class TaskDemand(Protocol):
-    @property
-    def work(self) -> float: ...
-    @property
-    def tasks(self) -> float: ...
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """An agent's rollout per step: `work` (summed task seconds) and `tasks` (how many)."""
+
+    work: float
+    tasks: float = 1.0
 
 
 def rollout_makespan(
     order: Sequence[str],
     parents: Mapping[str, Sequence[str]],
-    demand: Mapping[str, TaskDemand],
+    demand: Mapping[str, Demand],
     counts: Mapping[str, int],
 ) -> float:
     """Seconds from the first generate of a step to the last, under `counts` hosts per agent.

@@ -12,6 +12,7 @@ the choices after it are the same as an uninterrupted run's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 from flows.orchestrator.selection import Selector
@@ -40,7 +41,6 @@ class EpisodePlanner:
         self.on_select = on_select
         self._planned: dict[int, list[tuple[Episode, ...]]] = {}
         self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
-        self._splits: Splits | None = None  # loaded on first use (the driver has the plug-ins)
         self.selector = Selector(ctx, window, self._task_of.get)
         if self.select.needs_history:  # re-plan the steps before a resume: same choices
             for s in range(start_step):
@@ -63,11 +63,10 @@ class EpisodePlanner:
         self._planned[k] = mbs
         return mbs
 
-    @property
+    @cached_property
     def splits(self) -> Splits:
-        if self._splits is None:
-            self._splits = load_dataset(self.ctx.spec.dataset)
-        return self._splits
+        """The dataset, loaded on first use (the driver has imported the MEG's plug-ins)."""
+        return load_dataset(self.ctx.spec.dataset)
 
     def episodes(self, k: int) -> list[tuple[Episode, ...]]:
         """What step k's tasks get per micro-batch: its new episodes, and with `april` first

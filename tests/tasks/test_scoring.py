@@ -15,9 +15,9 @@ from tasks.accounting import read_scored
 from tasks.context import RunContext
 from tasks.refs import Episode, RewardSum, episode_id
 from tasks.scoring import score_micro_batch
-from tasks.worker import splits_of, store_of, tokenizer_of
+from tasks.worker import store_of, tokenizer_of
 from tests.tasks.conftest import math_chain
-from workloads.datasets import TaskItem
+from workloads.datasets import TaskItem, load_dataset
 
 Respond = Callable[[TaskItem, InvocationPlan, int], str]
 
@@ -76,7 +76,7 @@ def solver_answers(item: TaskItem, plan: InvocationPlan, i: int) -> str:
 @pytest.fixture
 def chain(new_ctx, tiny_model: str) -> tuple[RunContext, tuple[Episode, ...]]:
     ctx = new_ctx(spec=math_chain(tiny_model, n=4))
-    train = splits_of(ctx).train
+    train = load_dataset(ctx.spec.dataset).train
     return ctx, tuple((episode_id(0, i), train[i]) for i in range(len(SOLVE_CORRECT)))
 
 

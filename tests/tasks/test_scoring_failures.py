@@ -62,9 +62,9 @@ def flaky_ctx(
 
 def score_solve(ctx: RunContext) -> tuple[object, dict[str, tuple[float, float, str]]]:
     from tasks.refs import episode_id
-    from tasks.worker import splits_of
+    from workloads.datasets import load_dataset
 
-    train = splits_of(ctx).train
+    train = load_dataset(ctx.spec.dataset).train
     episodes: tuple[Episode, ...] = tuple((episode_id(0, i), train[i]) for i in range(2))
     commit_rows(ctx, "solve", 0, 0, episodes, solver_answers)
     ref = score_micro_batch(ctx, 0, 0, episodes, group_of(ctx, "solve"))
