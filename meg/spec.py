@@ -18,14 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from meg.limits import (
     MAX_DATASET,
     MAX_GROUP,
-    MAX_REWARD_PROCESSES,
     MAX_ROUNDS,
     MAX_SEED,
-    MAX_STEP_SAMPLES,
     MAX_TIMEOUT_S,
-    MAX_WINDOW,
 )
-from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
+from meg.run_spec import RunSpec
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_@\-]*$")
 
@@ -289,88 +286,6 @@ class DatasetSpec(_Frozen):
     eval_size: int = Field(64, ge=0, le=MAX_DATASET)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     question_tokens: int = Field(16, ge=1, description="Estimate used by `meg show` only.")
-
-
-class ScoringSpec(_Frozen):
-    """How reward calls run and what a failing one costs (docs/rewards.md#failures).
-
-    Every call runs in a reward process with a timeout; a call that raises, returns a
-    non-number or runs over is `failed` with the reason in the store, scored by
-    `on_failure`, and the run goes on — until more than `max_failed_fraction` of the scored
-    samples have failed (counted once `min_samples` are scored), which stops the run.
-    """
-
-    timeout_s: float = Field(
-        5.0, gt=0.0, le=MAX_TIMEOUT_S, description="Per-call timeout, seconds."
-    )
-    on_failure: Literal["zero", "drop_group"] = Field(
-        "zero",
-        description="`zero`: a failed sample gets reward 0 and its group is scored as usual; "
-        "`drop_group`: its whole group gets advantage 0 (no learning signal).",
-    )
-    max_failed_fraction: float = Field(
-        0.2, ge=0.0, le=1.0, description="Stop the run when more samples than this failed."
-    )
-    min_samples: int = Field(
-        50, ge=1, description="Scored samples before `max_failed_fraction` is applied."
-    )
-    processes: int = Field(
-        2, ge=1, le=MAX_REWARD_PROCESSES, description="Reward processes per worker."
-    )
-
-
-class RunSpec(_Frozen):
-    """A run's settings. In a MEG file they are defaults; `flexmarl train` flags override
-    them, and the run's resolved copy (`MEGSpec.run` of the spec in `run.json`) is the only
-    place the pipeline, the tasks and a resume read them from (`flows.runs.config.resolve`).
-    """
-
-    steps: int = Field(10, ge=1)
-    episodes_per_step: int = Field(8, ge=1, le=MAX_STEP_SAMPLES)
-    micro_batches: int = Field(2, ge=1)
-    mode: Literal["sync", "flex", "async"] = "flex"
-    staleness: int = Field(0, ge=0)
-    window: int = Field(
-        2, ge=1, le=MAX_WINDOW, description="Steps compiled ahead into the task graph."
-    )
-    checkpoint_every: int = Field(
-        1, ge=1, description="Optimizer steps between checkpoints (the last step always is)."
-    )
-    keep_checkpoints: int = Field(
-        2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
-    )
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    rollout: RolloutPolicy = Field(
-        FullRollout(),
-        description="How a step's episodes are launched and cut: `full` (default) or `april` "
-        "(over-provisioned, unfinished samples carried to the next step). See meg/policies.py.",
-    )
-    select: SelectPolicy = Field(
-        AllPrompts(),
-        description="Which planned prompts are rolled out: `all` (default) or `greso` (skip "
-        "prompts whose recent groups all got one reward).",
-    )
-    scoring: ScoringSpec = Field(
-        ScoringSpec(), description="Reward calls: timeout, failure rule, failure budget."
-    )
-    balance: bool = Field(
-        True, description="Hierarchical rollout load balancing (else a static equal split)."
-    )
-
-    @field_validator("checkpoint_every", mode="before")
-    @classmethod
-    def _every_step_was_zero(cls, v: Any) -> Any:
-        """MEG files and run records from before meant "every step" by 0."""
-        return 1 if v == 0 else v
-
-    @model_validator(mode="after")
-    def _whole_episodes(self) -> RunSpec:
-        if self.episodes_per_step < self.micro_batches:
-            raise ValueError(
-                f"episodes_per_step ({self.episodes_per_step}) must be at least micro_batches "
-                f"({self.micro_batches}): every micro-batch needs one whole episode"
-            )
-        return self
 
 
 class MEGSpec(_Frozen):

@@ -98,3 +98,16 @@ class StepRef:
     resumed: bool
     timing: Timing
     publish_s: float = 0.0  # of the step's time, putting the new weights in the StateStore
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # finite diagnostics
+
+
+@dataclass(frozen=True, slots=True)
+class HandOverRef:
+    """An agent's training state left `source` for `target` (elastic training allocation)."""
+
+    agent: str
+    step: int  # the first step the agent trains on `target`
+    source: str  # worker ids, as the cluster names them (train-0, rollout-0, ...)
+    target: str
+    nbytes: int  # 0: `source` held no state (the target rebuilds it from the checkpoint)
+    timing: Timing

@@ -9,6 +9,9 @@ exactly the step's micro-batches (see `tasks.accounting`, which also rebuilds a 
 worker lost) — publishes version k+1 for the rollout hosts, writes the consumption log that
 makes the consistency rule auditable from the store, and checkpoints (always at the run's last
 step, so the final export is the last step's weights whatever `checkpoint_every` says).
+`hand_over(A, k)` (body: `hand_over_agent`) runs where A trained until step k when elastic
+allocation moves A's training elsewhere: A's state goes to the run's StateStore root, where
+the next worker's slots find it.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from engines.training.checkpoint import maybe_checkpoint, restore_latest, save_c
 from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
+from storage.state import Url
 from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
 from tasks.context import RunContext, Stopwatch
-from tasks.refs import StepRef, TrainRef
+from tasks.refs import HandOverRef, StepRef, TrainRef
 from tasks.worker import slots_of, state_of, store_of
 
 
@@ -146,7 +150,21 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
         False,
         watch.done(),
         publish_s,
+        {k: v for k, v in result.metrics.items() if math.isfinite(v)},
     )
+
+
+def hand_over_agent(
+    ctx: RunContext, agent: str, step: int, source: str, target: str
+) -> HandOverRef:
+    """Put A's training state where any worker finds it (the StateStore's root URL: shared
+    by every worker, like the published weights) and drop it here. The target's first
+    `acquire` loads it, and `catch_up` checks its version against the store as after any
+    swap: a state that went missing or stale is rebuilt from the checkpoint, never trusted."""
+    watch = Stopwatch("hand_over", agent, step)
+    nbytes = slots_of(ctx).hand_over(agent, Url(""))
+    timing = watch.done()
+    return HandOverRef(agent, step, source, target, nbytes, timing)
 
 
 @task(
@@ -175,3 +193,20 @@ def optimizer_step(
     after: tuple[Any, ...] = (),
 ) -> StepRef:
     return step_agent(ctx, agent, step, trains)
+
+
+@task(
+    name="hand_over",
+    retries=1,
+    persist_result=False,
+    task_run_name="hand_over {agent} k={step}",
+)
+def hand_over(
+    ctx: RunContext,
+    agent: str,
+    step: int,
+    source: str,
+    target: str,
+    after: tuple[Any, ...] = (),
+) -> HandOverRef:
+    return hand_over_agent(ctx, agent, step, source, target)

@@ -109,6 +109,33 @@ class SlotManager:
             self.state_store.delete(self.state_key(agent))
         self.state_store.release_buffers(self.state_key(agent))  # its reused host buffers
 
+    def hand_over(self, agent: str, to: Location) -> int:
+        """Put `agent`'s state at `to` and let go of it: another worker's slots take it from
+        there (elastic training allocation). The agent must be idle. Returns the bytes handed
+        over; 0 when this manager has no state of the agent (a restarted worker): the next
+        worker then builds it from its checkpoint and the store, as after a crash."""
+        key = self.state_key(agent)
+        trainer, slot = self._trainers.get(agent), self._slot_of(agent)
+        if trainer is None:
+            return 0
+        if slot is not None and slot.busy:
+            raise RuntimeError(f"agent {agent!r} is busy (acquired, not released); cannot move")
+        if slot is not None:
+            ref = self.state_store.put(key, trainer.state(), trainer.meta(), at=to)
+            slot.agent = None
+        elif self.state_store.where(key) is not None:
+            ref = self.state_store.move(key, to)
+        else:
+            self.forget(agent)
+            return 0
+        self._trainers.pop(agent)
+        trainer.close()
+        self._lru.pop(agent, None)
+        self.state_store.release_buffers(key)
+        self.stats.swaps_out += 1
+        self.stats.bytes_out += ref.nbytes
+        return ref.nbytes
+
     def close(self) -> None:
         """Forget every agent (a worker dropping a finished run's trainers)."""
         for agent in list(self._trainers):

@@ -261,6 +261,12 @@ class AgentTrainer:
         self._record_part(acc, part, full.num_tokens, full.num_seqs)  # after the backward
         acc.seqs += full.num_seqs
         out = {k: float(v) for k, v in metrics.items()}
+        # sampled-token estimates: −log π(token) averages to the policy's entropy on its own
+        # samples (no full-vocabulary pass); |A| shows how much signal the batch carries
+        mask = mb.response_mask.to(logp.dtype)
+        tokens = float(mask.sum().clamp(min=1))
+        out["entropy_mc"] = float((-logp.detach() * mask).sum()) / tokens
+        out["adv_abs_mean"] = float((mb.advantages.abs().unsqueeze(1) * mask).sum()) / tokens
         for k, v in out.items():  # token-weighted running mean of the diagnostics
             acc.metrics[k] = acc.metrics.get(k, 0.0) + v * mb.num_tokens
         out["loss"] = value

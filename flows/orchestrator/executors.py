@@ -31,6 +31,7 @@ TASKS: dict[str, str] = {
     "score": "tasks.scoring",
     "train_micro_batch": "tasks.training",
     "optimizer_step": "tasks.training",
+    "hand_over": "tasks.training",
 }
 
 

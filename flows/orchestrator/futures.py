@@ -12,8 +12,14 @@ import threading
 from typing import Any
 
 # Task kind → position of the step in its key: generate (node, k, j), score (k, j, group),
-# train_micro_batch (agent, k, j), optimizer_step (agent, k).
-STEP_AT = {"generate": 1, "score": 0, "train_micro_batch": 1, "optimizer_step": 1}
+# train_micro_batch (agent, k, j), optimizer_step (agent, k), hand_over (agent, k).
+STEP_AT = {
+    "generate": 1,
+    "score": 0,
+    "train_micro_batch": 1,
+    "optimizer_step": 1,
+    "hand_over": 1,
+}
 
 
 def _drop_before(table: dict[Any, Any], at: int, k: int) -> list[Any]:

@@ -7,9 +7,12 @@ Per step k and micro-batch j it submits:
     train(A, k, j)         after the score(k, j, ·) of A's nodes and A's previous micro-batch
                            or optimizer step
     step(A, k)             after every train(A, k, ·); publishes A's version for step k+1
+    hand_over(A, k)        (elastic allocation only) when A trains on another worker from
+                           step k: after step(A, k-1), on A's old worker; train(A, k, 0)
+                           waits for it
 
-(the task kinds `generate`, `score`, `train_micro_batch`, `optimizer_step`: one name each in
-this module, the executors' table, Prefect and `tasks/`).
+(the task kinds `generate`, `score`, `train_micro_batch`, `optimizer_step`, `hand_over`: one
+name each in this module, the executors' table, Prefect and `tasks/`).
 
 A score group (`meg.score_groups`) holds the nodes that become scorable together: a node whose
 reward reads only its own answer is scored right after it is generated, a team reward waits
@@ -56,7 +59,9 @@ scored last); measured on fanout (bench/e2e.py), the chain cost more than the ra
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import astuple
 from typing import Any
 
 from flows.cluster.start import Workers
@@ -69,8 +74,9 @@ from tasks.context import RunContext
 from tasks.failures import FailureBudget
 from tasks.refs import Episode, ScoreRef
 
+log = logging.getLogger(__name__)
 Event = Callable[[str, Any], None]
-Pending = tuple[str, Any, str | None, int]  # kind, handle, rollout host, estimated tokens
+Pending = tuple[str, Any, str, str | None, int]  # kind, handle, worker, host, est. tokens
 
 PRIORITY_STRIDE = 1_000_000  # ranks within one step stay below this
 LINEAGE_CUT_EVERY = 20  # steps between lineage cuts (Pipeline.wait_window)
@@ -106,7 +112,8 @@ class Pipeline:
     ) -> None:
         spec, run = ctx.spec, ctx.run
         self.ctx, self.workers, self.ex = ctx, workers, executor
-        self.place = Placement(spec, workers, run.balance)
+        self.place = Placement(spec, workers, run.balance, run.elastic)
+        self.trained_on: dict[str, str] = {}  # agent → the worker its state is on
         self.futures = Futures()
         self.groups = score_groups_of(ctx)
         self.failures = FailureBudget(run.scoring.max_failed_fraction, run.scoring.min_samples)
@@ -204,7 +211,8 @@ class Pipeline:
         trains, steps = self.futures["train_micro_batch"], self.futures["optimizer_step"]
         for rank, agent in enumerate(self.agents):
             chain = self.futures.resolved(steps.get((agent, k - 1)))
-            worker = self.place.train_worker[agent]
+            worker = self.place.train_worker(agent, k)
+            chain = self._hand_over(agent, k, worker, chain, rank * (m + 1))
             for j in range(m):
                 deps = (*self.scores_for(agent, k, j),) + ((chain,) if chain is not None else ())
                 kwargs = dict(ctx=self.ctx, agent=agent, step=k, mb=j, after=deps)
@@ -216,6 +224,25 @@ class Pipeline:
             steps[(agent, k)] = self._submit(
                 "optimizer_step", kwargs, worker, k, rank * (m + 1) + m
             )
+
+    def _hand_over(self, agent: str, k: int, worker: str, chain: Any, rank: int) -> Any:
+        """When A's training moved to `worker` (elastic allocation), hand its state over from
+        the old worker after its last step there; the handle A's training then waits for."""
+        old = self.trained_on.setdefault(agent, worker)
+        if old == worker:
+            return chain
+        self.trained_on[agent] = worker
+        kwargs = dict(
+            ctx=self.ctx,
+            agent=agent,
+            step=k,
+            source=old,
+            target=worker,
+            after=(chain,) if chain is not None else (),
+        )
+        handle = self._submit("hand_over", kwargs, old, k, rank)
+        self.futures["hand_over"][(agent, k)] = handle
+        return handle
 
     def _weights_dep(self, agent: str, k: int) -> tuple[Any, tuple[Any, ...]]:
         """(the step whose published version this rollout needs, extra barrier deps)."""
@@ -239,7 +266,7 @@ class Pipeline:
     ) -> Any:
         pin = {**self.workers.pin(worker), "priority": task_priority(step, rank)}
         handle = self.ex.submit(kind, kwargs, pin)
-        self._pending.append((kind, handle, host, est))
+        self._pending.append((kind, handle, worker, host, est))
         return handle
 
     def poll(self) -> int:
@@ -254,13 +281,16 @@ class Pipeline:
             return 0
         refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
         self._pending = still
-        for (kind, handle, host, est), ref in zip(done, refs, strict=True):
+        for (kind, handle, worker, host, est), ref in zip(done, refs, strict=True):
             self.futures.finished(handle, ref)
             self.results.append(ref)
             if ref.step in self.logs:
                 self.logs[ref.step].add(ref)
             if kind == "generate" and host is not None:
                 self.place.generated(host, est, ref.agent, ref.timing)
+            move = self.place.finished(kind, worker, getattr(ref, "agent", None), ref.timing)
+            if move is not None:
+                log.info("elastic allocation: %s trains on %s (was %s)", *astuple(move))
             self.on_event(kind, ref)
             if isinstance(ref, ScoreRef):  # past the failure budget: the run stops here
                 self.failures.add(ref.step, ref.rows, ref.failed, ref.failure)

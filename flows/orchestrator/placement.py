@@ -6,7 +6,10 @@ unit, so they are always served by the same rollout engines and trained on the s
 worker, where one resident base holds all their adapters. Generate tasks go where the
 balancer says (`engines.rollout.balancer`: inter-agent and intra-agent load balancing, fed
 the seconds each finished generate took); score tasks round-robin over the rollout
-workers; each unit trains on one sticky training worker (its state stays resident there).
+workers; each unit trains on one sticky training worker (its state stays resident there),
+or, with `run.elastic`, where the allocator puts it step by step
+(`engines.training.allocation`: fed every task's seconds, it moves a unit's training to a
+less loaded training or rollout worker; the pipeline then hands its state over).
 """
 
 from __future__ import annotations
@@ -14,6 +17,13 @@ from __future__ import annotations
 import math
 
 from engines.rollout.balancer import Balancer, BalancerConfig, HierarchicalBalancer, NoBalancing
+from engines.training.allocation import (
+    Allocation,
+    AllocatorConfig,
+    ElasticAllocator,
+    FixedAllocation,
+    Move,
+)
 from flows.cluster.start import Workers
 from meg import MEGSpec, topological_order
 from meg.sharing import unit_of
@@ -58,14 +68,19 @@ def unit_parents(spec: MEGSpec, unit: dict[str, str], units: list[str]) -> dict[
 class Placement:
     """The run's fixed placement (training workers, node order) and its live balancer."""
 
-    def __init__(self, spec: MEGSpec, workers: Workers, balance: bool) -> None:
+    def __init__(self, spec: MEGSpec, workers: Workers, balance: bool, elastic: bool = False):
         self.workers = workers
         self.order = topological_order(spec)
         self.agents = need_order(self.order, {n: spec.nodes[n].agent for n in self.order})
         self.unit = unit_of(spec, self.agents)  # agent → its weight unit (shared base or own)
         units = list(dict.fromkeys(self.unit[a] for a in self.agents))  # in need order
-        train_of = {u: workers.train[i % len(workers.train)] for i, u in enumerate(units)}
-        self.train_worker = {a: train_of[self.unit[a]] for a in self.agents}
+        self.allocation: Allocation = (
+            ElasticAllocator(units, workers.train, workers.rollout, AllocatorConfig())
+            if elastic
+            else FixedAllocation(units, workers.train)
+        )
+        self._steps_left: dict[int, int] = {}  # optimizer steps of a step not in yet
+        self._step_end: dict[int, float] = {}
         hosts = rollout_hosts(workers, len(units))
         self.balancer: Balancer = (
             HierarchicalBalancer(
@@ -79,6 +94,28 @@ class Placement:
         )
         self._scored = 0
         self._generates_left: dict[int, int] = {}
+
+    def train_worker(self, agent: str, step: int) -> str:
+        """The worker that trains `agent` in `step` (asked once per agent as the step's
+        training is submitted)."""
+        return self.allocation.worker_of(self.unit[agent], step)
+
+    def finished(self, kind: str, worker: str, agent: str | None, timing: Timing) -> Move | None:
+        """A task finished on `worker` (the id it was pinned to): its seconds feed the
+        training allocation; once every optimizer step of a step is in, the allocation may
+        move a unit (returned, for the log)."""
+        training = kind in ("train_micro_batch", "optimizer_step", "hand_over")
+        unit = self.unit[agent] if training and agent is not None else None
+        self.allocation.observe(worker, unit, timing.seconds, timing.step)
+        if kind != "optimizer_step":
+            return None
+        k = timing.step
+        self._steps_left[k] = self._steps_left.get(k, len(self.agents)) - 1
+        self._step_end[k] = max(self._step_end.get(k, 0.0), timing.end)
+        if self._steps_left[k]:
+            return None
+        del self._steps_left[k]
+        return self.allocation.end_step(k, self._step_end.pop(k))
 
     def rollout_host(self, agent: str, est_tokens: int) -> str:
         """The engine (`worker#i`) that generates for `agent`; counted as busy until done."""

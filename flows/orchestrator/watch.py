@@ -18,7 +18,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.orchestrator.pipeline import StepLog
-from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
+from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 
 def describe(ref: Any) -> str:
@@ -47,6 +47,8 @@ def describe(ref: Any) -> str:
             f"optimizer step {ref.agent}: version {ref.version}, loss {ref.loss:.4f}"
             f"{' (skipped)' if ref.skipped else ''} [{where}]"
         )
+    if isinstance(ref, HandOverRef):
+        return f"hand over {ref.agent} to {ref.target}: {ref.nbytes / 2**20:.1f} MiB [{where}]"
     return repr(ref)
 
 

@@ -19,7 +19,13 @@ from matplotlib.patches import Patch
 
 from tasks.context import Timing
 
-_HATCH = {"generate": "", "score": "..", "train_micro_batch": "//", "optimizer_step": "xx"}
+_HATCH = {
+    "generate": "",
+    "score": "..",
+    "train_micro_batch": "//",
+    "optimizer_step": "xx",
+    "hand_over": "++",
+}
 
 
 def reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

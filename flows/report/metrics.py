@@ -10,7 +10,7 @@ import numpy as np
 from flows.orchestrator.selection import SelectRef
 from storage.audit import Audit
 from tasks.context import Timing
-from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef
+from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef
 
 
 def timings(results: list[Any]) -> list[Timing]:
@@ -117,6 +117,7 @@ def summary(
         "reward_failures": reward_failures(steps),
         "resumed_segments": sum(1 for r in results if isinstance(r, GenRef) and r.resumed),
         "publish_ms_median": publish_ms(results),
+        "handovers": handovers(results),
         "store_url": store_url,
         "run_id": run_id,
         "run_dir": run_dir,
@@ -147,6 +148,22 @@ def reward_failures(steps: list[dict[str, Any]]) -> dict[str, int]:
         for agent, n in r["failed_rewards"].items():
             out[agent] += n
     return dict(sorted(out.items()))
+
+
+def handovers(results: list[Any]) -> list[dict[str, Any]]:
+    """The training moves of elastic allocation, in order: who, from which step, where."""
+    return [
+        {
+            "agent": r.agent,
+            "step": r.step,
+            "source": r.source,
+            "target": r.target,
+            "mib": round(r.nbytes / 2**20, 2),
+            "seconds": round(r.timing.seconds, 3),
+        }
+        for r in results
+        if isinstance(r, HandOverRef)
+    ]
 
 
 def publish_ms(results: list[Any]) -> float:

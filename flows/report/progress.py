@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
+from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 
 class Progress:
@@ -95,6 +95,13 @@ class Progress:
             s.update(step=ref.step, version=ref.version, stage=f"stepped k={ref.step}")
             self.steps_done += 1
             self._on_step(ref)
+        elif isinstance(ref, HandOverRef):
+            self.state[ref.agent]["stage"] = f"moved k={ref.step}"
+            self.console.print(
+                f"[step {ref.step}] {ref.agent}: training moved {ref.source} -> {ref.target} "
+                f"({ref.nbytes / 2**20:.1f} MiB of state, elastic allocation)",
+                markup=False,
+            )
         if self._live is not None:
             self._live.update(self._table())
 

@@ -140,3 +140,43 @@ def test_swap_in_the_middle_of_a_step_keeps_pending_gradients(
     ref_w, got_w = reference.weights(), a.weights()
     for k in ref_w:
         assert torch.equal(got_w[k], ref_w[k]), k
+
+
+def test_hand_over_moves_a_trained_state_to_another_workers_slots(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """Two slot managers with their own StateStore index on one root stand for two worker
+    processes: one trains the agent and hands it over, the other continues bit-exactly."""
+    root = f"file://{tmp_path}/states"
+    old, new = SlotManager(1, StateStore(root)), SlotManager(1, StateStore(root))
+    a = old.acquire("a", _factory("a", tiny_model))
+    _train(a, 1)
+    before = _snapshot(a)
+    with pytest.raises(RuntimeError, match="busy"):
+        old.hand_over("a", Url(""))
+    old.release("a")
+    nbytes = old.hand_over("a", Url(""))
+    assert nbytes > 0 and old.resident() == {0: None} and a.released
+    assert new.state_store.where(SlotManager.state_key("a")) == Url(root)
+    moved = new.acquire("a", _factory("a", tiny_model))  # a fresh trainer loads the state
+    assert moved is not a and moved.version == 1
+    _assert_equal(_snapshot(moved), before)
+    assert new.state_store.where(SlotManager.state_key("a")) is None  # one place only
+    assert old.hand_over("a", Url("")) == 0  # nothing left here: nothing handed over
+
+
+def test_hand_over_of_a_swapped_out_agent_moves_its_stored_state(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    root = f"file://{tmp_path}/states"
+    old, new = SlotManager(1, StateStore(root)), SlotManager(1, StateStore(root))
+    a = old.acquire("a", _factory("a", tiny_model))
+    _train(a, 2)
+    before = _snapshot(a)
+    old.release("a")
+    old.acquire("b", _factory("b", tiny_model))  # evicts a to host memory
+    old.release("b")
+    assert old.state_store.where(SlotManager.state_key("a")) == Host()
+    assert old.hand_over("a", Url("")) > 0
+    assert old.resident() == {0: "b"}  # b stays
+    _assert_equal(_snapshot(new.acquire("a", _factory("a", tiny_model))), before)

@@ -1,0 +1,142 @@
+"""Elastic training allocation on a real cluster: a moved agent's state is handed over through
+the StateStore and training goes on exactly as if it had stayed; a run killed by SIGKILL
+after a move resumes with a clean audit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+import flows.orchestrator.placement as placement
+from bench.elastic import build_models, skewed_training_meg
+from engines.training.allocation import Move
+from flows.cluster.start import ClusterConfig
+from flows.train import TrainParams, train
+from storage.store import MEGStore
+from tests.flows.conftest import kill_cli_train_when, write_config
+from tests.flows.test_continue import step_samples
+
+pytestmark = pytest.mark.slow
+
+
+def scripted(away: set[tuple[str | None, int]]) -> type:
+    """A test double of the allocation *policy* only (`engines.training.allocation` tests the
+    real one as a pure object): unit U trains on the rollout worker in step k when (U, k) —
+    or (None, k), every unit — is in `away`, else on the training worker; every move is
+    known in advance. The handover, the tasks and the cluster are the real ones."""
+
+    class ScriptedAllocator:
+        def __init__(self, units: Any, train: Any, rollout: Any, config: Any = None) -> None:
+            self.train, self.rollout = train[0], rollout[0]
+
+        def worker_of(self, unit: str, step: int) -> str:
+            moved = (unit, step) in away or (None, step) in away
+            return self.rollout if moved else self.train
+
+        def observe(self, worker: str, unit: str | None, seconds: float, step: int) -> None:
+            pass
+
+        def end_step(self, step: int, end: float) -> Move | None:
+            return None
+
+    return ScriptedAllocator
+
+
+def losses(out: dict[str, Any], agent: str) -> list[float]:
+    table = MEGStore.open(out["store_url"], out["run_id"], create=False).table(agent)
+    log = table.consumption_log()
+    return [log[k]["extra"]["loss"] for k in sorted(log)]
+
+
+def test_a_moved_agent_trains_on_exactly_as_if_it_had_stayed(
+    tmp_path: Path, tiny_model: str, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path, tiny_model, backend="hf", steps=4, episodes_per_step=4)
+    common: dict[str, Any] = dict(
+        config=str(cfg), cluster=ClusterConfig(scheduler=cluster), export_final=False
+    )
+    fixed = train(TrainParams(run_dir=str(tmp_path / "fixed"), **common))
+    away = {("verifier", 1), ("verifier", 2), ("solver", 2)}
+    monkeypatch.setattr(placement, "ElasticAllocator", scripted(away))
+    moved = train(TrainParams(run_dir=str(tmp_path / "moved"), elastic=True, **common))
+
+    hops = [(h["agent"], h["step"], h["source"], h["target"]) for h in moved["handovers"]]
+    assert hops == [
+        ("verifier", 1, "train-0", "rollout-0"),
+        ("solver", 2, "train-0", "rollout-0"),
+        ("solver", 3, "rollout-0", "train-0"),
+        ("verifier", 3, "rollout-0", "train-0"),
+    ]
+    assert all(h["mib"] > 0 for h in moved["handovers"])  # the state itself travelled
+    assert not list((tmp_path / "moved").rglob("slots/*/state.json"))  # each one taken
+    assert len(moved["per_step"]) == 4 and moved["consistency"]["violations"] == 0
+    for agent in ("solver", "verifier"):
+        for k in range(4):
+            assert step_samples(moved, agent, k) == step_samples(fixed, agent, k), (agent, k)
+        assert np.array_equal(losses(moved, agent), losses(fixed, agent))
+    assert fixed["handovers"] == []
+
+
+def test_lora_agents_on_one_base_move_together(
+    tmp_path: Path, tiny_model: str, cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two adapters on one base are one unit: both move (and back), each adapter's state
+    handed over, and the run equals the fixed one."""
+    cfg = write_config(tmp_path, tiny_model, backend="hf", steps=3, episodes_per_step=4)
+    data = yaml.safe_load(cfg.read_text())
+    for agent in data["agents"].values():
+        agent["lora"] = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    cfg.write_text(yaml.safe_dump(data))
+    common: dict[str, Any] = dict(
+        config=str(cfg), cluster=ClusterConfig(scheduler=cluster), export_final=False
+    )
+    fixed = train(TrainParams(run_dir=str(tmp_path / "fixed"), **common))
+    monkeypatch.setattr(placement, "ElasticAllocator", scripted({(None, 1)}))
+    moved = train(TrainParams(run_dir=str(tmp_path / "moved"), elastic=True, **common))
+    hops = sorted((h["agent"], h["step"], h["target"]) for h in moved["handovers"])
+    assert hops == [
+        ("solver", 1, "rollout-0"),
+        ("solver", 2, "train-0"),
+        ("verifier", 1, "rollout-0"),
+        ("verifier", 2, "train-0"),
+    ]
+    assert all(h["mib"] > 0 for h in moved["handovers"])
+    assert moved["consistency"]["violations"] == 0
+    for agent in ("solver", "verifier"):
+        for k in range(3):
+            assert step_samples(moved, agent, k) == step_samples(fixed, agent, k), (agent, k)
+        assert np.array_equal(losses(moved, agent), losses(fixed, agent))
+
+
+def test_sigkill_after_a_move_resumes_with_a_clean_audit(
+    tmp_path: Path, prefect_server: str, cluster: str
+) -> None:
+    """The real allocator on the skewed-training workload (two wide agents' training on the
+    one training worker, a light rollout): it moves a unit's training to the rollout worker;
+    the run is killed as soon as a handover is logged (the state may be in flight) and
+    resumed on another cluster."""
+    small, wide = build_models(tmp_path / "models")
+    cfg = tmp_path / "skewed.yaml"
+    cfg.write_text(yaml.safe_dump(skewed_training_meg(small, wide, steps=10, elastic=True)))
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+
+    def moved() -> bool:
+        return log.exists() and "training moved" in log.read_text()
+
+    kill_cli_train_when(moved, cfg, run_dir, prefect_server, log, "a training move")
+    assert not (run_dir / "summary.json").exists()
+
+    where = ClusterConfig(scheduler=cluster)
+    out = train(TrainParams(resume=str(run_dir), cluster=where, export_final=False))
+    assert out["consistency"]["violations"] == 0
+    assert out["consistency"]["accounting_errors"] == 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    for agent in ("solver", "checker", "critic"):
+        table = store.table(agent)
+        assert sorted(table.consumption_log()) == list(range(10))
+        ids = table.read().sample_id
+        assert len(np.unique(ids)) == len(ids)
