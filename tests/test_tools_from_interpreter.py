@@ -25,12 +25,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("meg", "storage", "engines", "tasks", "flows", "workloads", "bench", "tests")
 # tools a user gets only from the project's virtualenv (or a global install of their own);
-# library names that are also values (`vllm` is a backend) are left out
+# library names that are also values (`vllm` is a backend, `tensorboard` a tracker) are left out
 TOOLS = frozenset(
     {
         "python", "python3", "python3.11", "pip", "pip3", "flexmarl", "prefect", "dask",
         "dask-scheduler", "dask-worker", "mkdocs", "moto_server", "pytest", "ruff", "mypy",
-        "mlflow", "tensorboard", "uvicorn", "huggingface-cli",
+        "mlflow", "uvicorn", "huggingface-cli",
     }
 )  # fmt: skip
 # the PATH `make test` gives the suite: the system's directories only

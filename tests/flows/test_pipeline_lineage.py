@@ -46,7 +46,7 @@ class Steps:
                 step=h.step,
                 agent=h.kwargs.get("agent", "planner"),
                 decode_tokens=0,
-                timing=SimpleNamespace(start=0.0, end=0.0, step=h.step),
+                timing=SimpleNamespace(start=0.0, end=0.0, seconds=0.0, step=h.step),
                 task=h,
             )
             for h in handles
