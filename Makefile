@@ -77,6 +77,8 @@ bench: setup models
 	$(BIN)/python -m bench.multihost --json bench/results/multihost.json  # needs root
 	$(BIN)/python -m bench.elastic --repeats 3 --json bench/results/elastic.json
 	$(BIN)/python -m bench.tracking --steps 10 --repeats 3 --json bench/results/tracking.json
+	$(BIN)/python -m bench.reuse --runs 20 --json bench/results/reuse.json
+	$(BIN)/python -m bench.reuse --runs 12 --workload math-chain,fanout --json bench/results/reuse_alternating.json
 
 clean:
 	rm -rf $(VENV) runs
