@@ -55,6 +55,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-prefect-per-node": {"mode": "flex", "executor": "prefect"},
     "sync-prefect-per-node": {"mode": "sync", "executor": "prefect"},
     "marti-like": {"mode": "sync", "balance": False, "cluster": "per-agent"},
+    "flex-elastic": {"mode": "flex", "elastic": True},
 }
 PER_AGENT = "per-agent"
 
@@ -148,23 +149,30 @@ def keep_run(run_dir: Path, runs: Path, name: str) -> None:
         shutil.copy(run_dir / f"{part}.json", runs / f"{name}.{part}.json")
 
 
+# ratio → (numerator arm, denominator arm, digits): > 1 means the second is faster, for
+# `*_overhead` 1 − numerator / denominator. A ratio is reported when both arms ran (`--arms`).
+RATIOS: dict[str, tuple[str, str, int]] = {
+    "speedup_flex_vs_sync": ("sync", "flex", 3),
+    "speedup_flex_vs_marti": ("marti-like", "flex", 3),
+    "balance_gain": ("flex-nobalance", "flex", 3),
+    "async_gain": ("flex", "async-1", 3),
+    "elastic_gain": ("flex", "flex-elastic", 3),
+    "prefect_overhead": ("flex-dask", "flex", 4),
+    "prefect_per_node_overhead": ("flex-dask", "flex-prefect-per-node", 4),
+    "speedup_flex_vs_sync_per_node": ("sync-prefect-per-node", "flex-prefect-per-node", 3),
+}
+
+
 def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The headline ratios of one workload (> 1: flex is faster)."""
-    flex = arms["flex"]["step_s"]
-    return {
-        "speedup_flex_vs_sync": round(arms["sync"]["step_s"] / flex, 3),
-        "speedup_flex_vs_marti": round(arms["marti-like"]["step_s"] / flex, 3),
-        "balance_gain": round(arms["flex-nobalance"]["step_s"] / flex, 3),
-        "async_gain": round(flex / arms["async-1"]["step_s"], 3),
-        "prefect_overhead": round(1 - arms["flex-dask"]["step_s"] / flex, 4),
-        "prefect_per_node_overhead": round(
-            1 - arms["flex-dask"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 4
-        ),
-        "speedup_flex_vs_sync_per_node": round(
-            arms["sync-prefect-per-node"]["step_s"] / arms["flex-prefect-per-node"]["step_s"], 3
-        ),
-        "idle_share_flex": round(1 - arms["flex"]["utilization"], 4),
-    }
+    """The headline ratios of one workload (> 1: flex is faster), over the arms that ran."""
+    out: dict[str, float] = {}
+    for name, (num, den, digits) in RATIOS.items():
+        if num in arms and den in arms:
+            r = arms[num]["step_s"] / arms[den]["step_s"]
+            out[name] = round(1 - r if name.endswith("_overhead") else r, digits)
+    if "flex" in arms:
+        out["idle_share_flex"] = round(1 - arms["flex"]["utilization"], 4)
+    return out
 
 
 def run(
@@ -175,6 +183,7 @@ def run(
     work: Path,
     repeats: int = 1,
     pictures: Path | None = None,
+    arms: tuple[str, ...] = tuple(ARMS),
 ) -> dict[str, Any]:
     """All arms on every workload; `pictures`: where to keep the sync and flex timelines and
     every run's timeline and summary (`e2e_runs/`). Arms share one cluster (1 rollout + 1
@@ -193,10 +202,11 @@ def run(
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes)
             n = n_agents(cfg)
-            runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
+            runs: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
             with dask_cluster(per_agent_cluster(n)) as per_agent:
                 for r in range(repeats):
-                    for arm, kw in ARMS.items():
+                    for arm in arms:
+                        kw = ARMS[arm]
                         params = {k: v for k, v in kw.items() if k != "cluster"}
                         own = kw.get("cluster") == PER_AGENT
                         workers, roles = (per_agent, (n, n)) if own else (shared, (1, 1))
@@ -208,8 +218,8 @@ def run(
                             if arm in ("sync", "flex"):
                                 png = pictures / f"timeline_{wl}_{arm}.png"
                                 shutil.copy(run_dir / "timeline.png", png)
-            arms = {arm: median_of(rs) for arm, rs in runs.items()}
-            results["workloads"][wl] = {"agents": n, "arms": arms, **ratios(arms)}
+            measured = {arm: median_of(rs) for arm, rs in runs.items()}
+            results["workloads"][wl] = {"agents": n, "arms": measured, **ratios(measured)}
     return results
 
 
@@ -234,12 +244,7 @@ def render(results: dict[str, Any]) -> None:
                 f"{m['team_reward_last']:.3f}",
             )
         con.print(t)
-        con.print(
-            f"speedup flex vs sync {r['speedup_flex_vs_sync']:.2f}×, vs marti-like "
-            f"{r['speedup_flex_vs_marti']:.2f}×, balancing gain "
-            f"{r['balance_gain']:.2f}×, async(1) gain {r['async_gain']:.2f}×, Prefect "
-            f"overhead over plain Dask {100 * r['prefect_overhead']:.1f}%"
-        )
+        con.print(", ".join(f"{k} {r[k]}" for k in (*RATIOS, "idle_share_flex") if k in r))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -251,7 +256,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--model", default="models/tiny-math", help="HF model dir for every agent")
     ap.add_argument("--repeats", type=int, default=1, help="run every arm R times, interleaved")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {', '.join(ARMS)}")
     a = ap.parse_args(argv)
+    unknown = set(a.arms.split(",")) - set(ARMS)
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(sorted(unknown))}; known: {', '.join(ARMS)}")
     steps = a.steps or (2 if a.small else 6)
     episodes = a.episodes or (2 if a.small else 32)
     with tempfile.TemporaryDirectory() as tmp:
@@ -262,7 +271,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = str(build_tiny_model(Path(tmp) / "tiny"))
         pictures = a.json.parent if a.json else None
         results = run(
-            a.workloads.split(","), model, steps, episodes, Path(tmp), a.repeats, pictures
+            a.workloads.split(","),
+            model,
+            steps,
+            episodes,
+            Path(tmp),
+            a.repeats,
+            pictures,
+            tuple(a.arms.split(",")),
         )
     render(results)
     if a.json:

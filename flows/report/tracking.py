@@ -225,7 +225,9 @@ def tracking(
     try:
         for n in names:
             opened.append(TRACKERS[n](run_dir, run_id, name))
-        _ACTIVE[run_id] = t = Tracking(opened, agents, (1, 1))
+        t = Tracking(opened, agents, (1, 1))
+        if opened:  # no tracker: the pipeline computes no tracked metrics at all
+            _ACTIVE[run_id] = t
         if params is not None:
             t.log_params(params)
         yield t

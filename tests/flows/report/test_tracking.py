@@ -123,3 +123,11 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
     [point] = events.Scalars("solver/tokens_per_s")
     assert point.step == 3 and point.value == pytest.approx(25.0)
     assert "config/text_summary" in events.Tags()["tensors"]
+
+
+def test_only_a_run_with_trackers_is_active(tmp_path: Path) -> None:
+    with tracking.tracking((), tmp_path, "run-0", "demo", 2) as t:
+        assert tracking.active("run-0") is None and t.trackers == []
+    with tracking.tracking(("tensorboard",), tmp_path, "run-1", "demo", 2) as t:
+        assert tracking.active("run-1") is t
+    assert tracking.active("run-1") is None  # closed with the run
