@@ -114,7 +114,7 @@ LEGACY_PHASES = {"train": "train_micro_batch", "step": "optimizer_step"}
 class Timing:
     """One task run's interval on one worker: the pipeline timeline is made of these."""
 
-    phase: str  # the task kind: generate | score | train_micro_batch | optimizer_step
+    phase: str  # the task kind: generate | score | train_micro_batch | optimizer_step | hand_over
     agent: str
     step: int
     micro_batch: int

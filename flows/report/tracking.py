@@ -119,10 +119,6 @@ class WandbTracker:
 TRACKERS: dict[str, type] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker}
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def _idle(ts: list[Timing], phases: tuple[str, ...], interval: float, workers: int) -> float:
     """1 − the step's seconds of `phases` over (interval × the role's workers), in [0, 1]."""
     busy = sum(t.seconds for t in ts if t.phase in phases)
