@@ -71,6 +71,26 @@ class Futures:
         return [h for table in self.tables.values() for h in table.values()]
 
 
+class StepEnds:
+    """When each step completes: the end of the last of its agents' optimizer steps (what
+    the training allocation and the trackers both wait for)."""
+
+    def __init__(self, agents: int) -> None:
+        self.agents = agents
+        self._left: dict[int, int] = {}
+        self._end: dict[int, float] = {}
+
+    def stepped(self, step: int, end: float) -> float | None:
+        """One agent's optimizer step of `step` ended at `end`; the step's end if it was
+        the last one, else None."""
+        self._left[step] = self._left.get(step, self.agents) - 1
+        self._end[step] = max(self._end.get(step, end), end)
+        if self._left[step]:
+            return None
+        del self._left[step]
+        return self._end.pop(step)
+
+
 class StepLog:
     """The results of one step's tasks, as the pipeline collects them.
 

@@ -25,6 +25,7 @@ from engines.training.allocation import (
     Move,
 )
 from flows.cluster.start import Workers
+from flows.orchestrator.futures import StepEnds
 from meg import MEGSpec, topological_order
 from meg.sharing import unit_of
 from tasks.context import Timing
@@ -79,8 +80,7 @@ class Placement:
             if elastic
             else FixedAllocation(units, workers.train)
         )
-        self._steps_left: dict[int, int] = {}  # optimizer steps of a step not in yet
-        self._step_end: dict[int, float] = {}
+        self._ends = StepEnds(len(self.agents))
         hosts = rollout_hosts(workers, len(units))
         self.balancer: Balancer = (
             HierarchicalBalancer(
@@ -107,15 +107,8 @@ class Placement:
         training = kind in ("train_micro_batch", "optimizer_step", "hand_over")
         unit = self.unit[agent] if training and agent is not None else None
         self.allocation.observe(worker, unit, timing.seconds, timing.step)
-        if kind != "optimizer_step":
-            return None
-        k = timing.step
-        self._steps_left[k] = self._steps_left.get(k, len(self.agents)) - 1
-        self._step_end[k] = max(self._step_end.get(k, 0.0), timing.end)
-        if self._steps_left[k]:
-            return None
-        del self._steps_left[k]
-        return self.allocation.end_step(k, self._step_end.pop(k))
+        end = self._ends.stepped(timing.step, timing.end) if kind == "optimizer_step" else None
+        return None if end is None else self.allocation.end_step(timing.step, end)
 
     def rollout_host(self, agent: str, est_tokens: int) -> str:
         """The engine (`worker#i`) that generates for `agent`; counted as busy until done."""

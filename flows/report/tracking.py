@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from flows.orchestrator.futures import StepEnds
 from flows.runs.record import RunError
 from tasks.context import Timing
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef
@@ -170,8 +171,7 @@ class Tracking:
     def __init__(self, trackers: list[Tracker], agents: int, roles: tuple[int, int]) -> None:
         self.trackers, self.agents, self.roles = trackers, agents, roles
         self._refs: dict[int, list[Any]] = defaultdict(list)
-        self._stepped: dict[int, int] = defaultdict(int)
-        self._end: dict[int, float] = {}
+        self._ends = StepEnds(agents)
         self.last_end = 0.0  # set by the pipeline when it starts (`start`)
 
     def start(self, t0: float) -> None:
@@ -182,10 +182,8 @@ class Tracking:
         self._refs[k].append(ref)
         if not isinstance(ref, StepRef):
             return
-        self._stepped[k] += 1
-        self._end[k] = max(self._end.get(k, 0.0), ref.timing.end)
-        if self._stepped[k] == self.agents:
-            end = self._end.pop(k)
+        end = self._ends.stepped(k, ref.timing.end)
+        if end is not None:
             interval = max(0.0, end - self.last_end)
             self.last_end = max(self.last_end, end)
             metrics = step_metrics(k, self._refs.pop(k), interval, self.roles)
