@@ -9,19 +9,24 @@ from pathlib import Path
 from typing import Any
 
 
-def train_run(cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[str, Any]:
-    """`flexmarl train CFG` into `run_dir` on the cluster at `scheduler`, no final export
-    (a benchmark measures the run, not the export); returns the run's summary. (Prefect and
-    Dask are imported here, not with the module: `bench.gpu` runs on machines without them.)"""
+def train_run(
+    cfg: Path, run_dir: Path, scheduler: str | None, cluster: Any = None, **params: Any
+) -> dict[str, Any]:
+    """`flexmarl train CFG` into `run_dir` on the cluster at `scheduler` (None: a cluster of
+    its own, `cluster` or the default settings), no final export (a benchmark measures the
+    run, not the export); returns the run's summary. (Prefect and Dask are imported here,
+    not with the module: `bench.gpu` runs on machines without them.)"""
     from flows.cluster.start import ClusterConfig
     from flows.train import TrainParams, train
 
+    if scheduler is not None:
+        cluster = ClusterConfig(scheduler=scheduler)
     return train(
         TrainParams(
             config=str(cfg),
             run_dir=str(run_dir),
             export_final=False,
-            cluster=ClusterConfig(scheduler=scheduler),
+            cluster=cluster or ClusterConfig(),
             **params,
         )
     )

@@ -19,6 +19,11 @@ failure there is recorded in `trl_errors`, not fatal; `--no-trl-vllm` skips it).
 the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on both sides;
 `trl_over_ours` = TRL's step_s / ours (> 1: we are faster).
 
+`ours-auto` (always) is `flexmarl train` with no cluster settings, on a cluster of its own
+per run: the layout a user gets (`flows.cluster.layout`); `trl_over_ours_default` (largest
+size) and `trl_over_ours_small` (smallest) are TRL over it. `--auto-cores 4` adds
+`ours-auto-c4`, the same planned for 4 cores (`--cores 4`).
+
 Extra arms of ours, each with its `trl_over_*` (on by default, off with `--small`):
 `ours-hf` (`--hf`) rolls out with the transformers backend, TRL's own generate's engine;
 `ours-default` (`--default-layout`) runs on the default cluster (one rollout and one
@@ -66,8 +71,8 @@ SMALL_SIZES = "4x2x8"
 MALLOC = "MALLOC_TRIM_THRESHOLD_"
 
 
-def run_ours(job: Job, cfg: Path, run_dir: Path, scheduler: str, **params: Any) -> dict[str, Any]:
-    out = train_run(cfg, run_dir, scheduler, **params)
+def run_ours(job: Job, cfg: Path, run_dir: Path, o: Ours) -> dict[str, Any]:
+    out = train_run(cfg, run_dir, o.address, o.cluster, **dict(o.params))
     per_step = out["per_step"]
     samples = job.prompts * job.group
     return {
@@ -139,6 +144,7 @@ class Extras:
     before: bool = False  # ours-dask-malloc
     colocated: bool = False  # ours-colocated
     stale: bool = False  # ours-async-1
+    auto_cores: tuple[int, ...] = ()  # ours-auto-cN: the default layout planned for N cores
 
     def runs(self, arm: str) -> bool:
         """Whether this invocation runs `arm` (the two main arms always)."""
@@ -149,6 +155,7 @@ class Extras:
             "ours-dask-malloc": self.before,
             "ours-colocated": self.colocated,
             "ours-async-1": self.stale,
+            "ours-auto-cN": bool(self.auto_cores),
         }
         return optional.get(arm, True)
 
@@ -163,6 +170,10 @@ ARM_LABELS = {
     "ours-dask-malloc": "ours on the default cluster, workers with Dask's malloc setting",
     "ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads",
     "ours-async-1": "ours on the default cluster in async mode, staleness 1 (off-policy)",
+    "ours-auto": "flexmarl train with no cluster settings: the layout it chooses "
+    "(flows.cluster.layout), a cluster of its own per run",
+    "ours-auto-cN": "ours-auto planned for N cores (--cores N; more than the machine has: "
+    "oversubscribed)",
 }
 
 
@@ -196,9 +207,10 @@ def clusters(extras: Extras) -> Iterator[dict[str, str]]:
 class Ours:
     """One arm of ours: the cluster it runs on, its run parameters, its rollout backend."""
 
-    address: str
+    address: str | None  # None: a cluster of its own per run (`cluster`)
     params: tuple[tuple[str, Any], ...] = ()  # TrainParams overrides
     backend: str = "vllm"
+    cluster: ClusterConfig | None = None
 
 
 # an extra arm of ours: one step of staleness (a different algorithm from TRL's on-policy
@@ -217,7 +229,7 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
         for arm, o in ours.items():
             cfg = meg_config(job, model, work, o.backend)
             run_dir = work / f"{arm}-{job.label}-{r}"
-            runs[arm].append(run_ours(job, cfg, run_dir, o.address, **dict(o.params)))
+            runs[arm].append(run_ours(job, cfg, run_dir, o))
         for b in backends:
             if b not in errors:
                 try:
@@ -240,6 +252,10 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
         out["trl_over_async"] = round(t["step_s"] / arms["ours-async-1"]["step_s"], 3)
     if "ours-colocated" in arms:
         out["trl_over_colocated"] = round(t["step_s"] / arms["ours-colocated"]["step_s"], 3)
+    for arm in (a for a in arms if a.startswith("ours-auto")):  # trl_over_auto, ..._auto_c4
+        out[f"trl_over_{arm.removeprefix('ours-').replace('-', '_')}"] = round(
+            t["step_s"] / arms[arm]["step_s"], 3
+        )
     if "ours-hf" in arms:
         out["trl_over_hf"] = round(t["step_s"] / arms["ours-hf"]["step_s"], 3)
     if "ours-default" in arms:
@@ -260,6 +276,9 @@ def measure(
             ours["ours-hf"] = Ours(addresses["ours"], backend="hf")
         if extras.stale:
             ours["ours-async-1"] = Ours(addresses["ours-default"], ASYNC)
+        ours["ours-auto"] = Ours(None)
+        for n in extras.auto_cores:
+            ours[f"ours-auto-c{n}"] = Ours(None, cluster=ClusterConfig(cores=n))
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
 
@@ -274,7 +293,8 @@ def run(
     import trl
 
     sizes = measure(jobs, model, work, repeats, extras)
-    largest = max(jobs, key=lambda j: j.prompts * j.group * j.max_tokens).label
+    size = lambda j: j.prompts * j.group * j.max_tokens  # noqa: E731
+    largest, smallest = max(jobs, key=size).label, min(jobs, key=size).label
     return {
         "date": str(date.today()),
         "machine": platform.node(),
@@ -287,6 +307,9 @@ def run(
         "sizes": sizes,
         "largest": largest,
         "trl_over_ours": sizes[largest]["trl_over_ours"],
+        # what a user gets with no cluster flags (issue targets: >= 1.0 and >= 0.7)
+        "trl_over_ours_default": sizes[largest]["trl_over_auto"],
+        "trl_over_ours_small": sizes[smallest]["trl_over_auto"],
     }
 
 
@@ -360,6 +383,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="also ours in async mode, staleness 1 (default: on, off with --small)",
     )
     ap.add_argument(
+        "--auto-cores",
+        default="",
+        help="N,...: also ours-auto planned for N cores each (`--cores N`)",
+    )
+    ap.add_argument(
         "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
     )
     a = ap.parse_args(argv)
@@ -382,6 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             a.before,
             full_only(a.colocated),
             full_only(a.async_arm),
+            tuple(int(n) for n in a.auto_cores.split(",") if n),
         )
         results = run(jobs, model, Path(tmp), a.repeats, extras)
     render_table(results)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.cluster.layout import default_layout, describe
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
@@ -96,7 +97,10 @@ class TrainParams(BaseModel):
         "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
     )
     checkpoint_every: int | None = Field(
-        None, ge=1, description="optimizer steps between checkpoints (default: every step)"
+        None,
+        ge=1,
+        description="optimizer steps between checkpoints (default: every step; a one-agent run "
+        "every 10)",
     )
     keep_checkpoints: int | None = Field(
         None, ge=1, description="newest checkpoints kept per agent (default 2)"
@@ -348,9 +352,10 @@ def export_final(run: Run, how: str = "adapter") -> None:
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     run = prepare(params)
-    with run_tracking(run, params) as track:  # run.tracking: opened before the cluster
-        with dask_cluster(params.cluster) as workers, ExitStack() as held:
-            if params.cluster.scheduler:  # a cluster this run did not start: shared, other hosts
+    cluster = layout(run, params.cluster)
+    with run_tracking(run, cluster) as track:  # run.tracking: opened before the cluster
+        with dask_cluster(cluster) as workers, ExitStack() as held:
+            if cluster.scheduler:  # a cluster this run did not start: shared, other hosts
                 held.enter_context(cluster_lease(workers.address, run.ctx.run_id, str(run.dir)))
                 check_workers(run, workers)
             ship_plugins(run, workers)
@@ -362,14 +367,32 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     return out
 
 
-def run_tracking(run: Run, params: TrainParams) -> Any:
+def chosen_layout(run: Run, given: ClusterConfig) -> tuple[ClusterConfig, str | None]:
+    """The cluster the run starts: `given`, or the one `flows.cluster.layout` chooses for a
+    one-agent on-policy run when the user gave no cluster setting; and the line that says
+    so (None: `given` stands). `flexmarl train` prints it before the run starts."""
+    run_spec = run.ctx.spec.run
+    agents = len({n.agent for n in run.ctx.spec.nodes.values()})
+    cluster = default_layout(given, agents, run_spec.mode, run_spec.micro_batches)
+    return cluster, None if cluster is given else describe(cluster, run_spec.micro_batches)
+
+
+def layout(run: Run, given: ClusterConfig) -> ClusterConfig:
+    """`chosen_layout`, its line in the flow run's log."""
+    cluster, line = chosen_layout(run, given)
+    if line:
+        print(line)
+    return cluster
+
+
+def run_tracking(run: Run, cluster: ClusterConfig) -> Any:
     """The run's trackers (`run.tracking`), with the resolved MEG, the settings' sources and
     the cluster as their parameters (docs/tracking.md)."""
     ctx = run.ctx
     config = {
         "meg": ctx.spec.model_dump(mode="json"),
         "sources": run.sources,
-        "cluster": params.cluster.model_dump(mode="json"),
+        "cluster": cluster.model_dump(mode="json"),
     }
     agents = len({n.agent for n in ctx.spec.nodes.values()})
     return tracking(ctx.spec.run.tracking, run.dir, ctx.run_id, ctx.spec.name, agents, config)

@@ -58,7 +58,10 @@ class RunSpec(_Frozen):
         2, ge=1, le=MAX_WINDOW, description="Steps compiled ahead into the task graph."
     )
     checkpoint_every: int = Field(
-        1, ge=1, description="Optimizer steps between checkpoints (the last step always is)."
+        1,
+        ge=1,
+        description="Optimizer steps between checkpoints (the last step always is). Unset, a "
+        "one-agent run checkpoints every 10 steps (flows.runs.resolve.graph_defaults).",
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from prefect import task
 from engines.rollout.base import RolloutError, SamplingParams
 from engines.rollout.prompts import invocation_prompt
 from engines.training.publish import latest_published, weights_key
+from meg import ScoreGroup
 from meg.expand import SampleInfo, expand_episode, plan_invocations
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
@@ -150,6 +152,19 @@ def generate_segment(
     episodes: tuple[Episode, ...],
     min_version: int,
 ) -> GenRef:
+    """Generate (or find committed) the segment of `node` in micro-batch (step, mb)."""
+    return generate_rows(ctx, node, step, mb, episodes, min_version)[0]
+
+
+def generate_rows(
+    ctx: RunContext,
+    node: str,
+    step: int,
+    mb: int,
+    episodes: tuple[Episode, ...],
+    min_version: int,
+) -> tuple[GenRef, SampleBatch]:
+    """`generate_segment`, with the segment's rows (what a fused score reads)."""
     spec = ctx.spec
     agent_name = spec.nodes[node].agent
     watch = Stopwatch("generate", agent_name, step, mb)
@@ -160,7 +175,7 @@ def generate_segment(
 
     def gen_ref(
         ref: SegmentRef, batch: SampleBatch, resumed: bool, carried: SampleBatch | None = None
-    ) -> GenRef:
+    ) -> tuple[GenRef, SampleBatch]:
         if carried is None:  # what this segment's task carried, if it cuts: from the store
             carried = read_carried(ctx, node, step, mb) if cuts else SampleBatch.empty()
         old = int(batch.carried_tokens.sum())
@@ -181,7 +196,7 @@ def generate_segment(
             carried_tokens=held,
             offpolicy_tokens=old,
             segment_tokens=in_segment,
-        )
+        ), batch
 
     if done is not None:  # committed by an earlier attempt or an earlier (killed) run
         ref = table.ref(done)
@@ -253,9 +268,20 @@ def generate(
     weights: Any = None,
     base_version: int = 0,
     after: tuple[Any, ...] = (),
+    score: ScoreGroup | None = None,
 ) -> GenRef:
     """`weights` is the optimizer step (a `StepRef`) whose published version this node needs
     at least (None: `base_version`, the agent's version when the run started). `after` only
-    carries dependencies (the parents' GenRefs); the data itself is read from the store."""
+    carries dependencies (the parents' GenRefs); the data itself is read from the store.
+
+    `score`: the score group that waits on this node alone, scored here right after the
+    segment is committed, from the rows in hand (the pipeline fuses it for a one-node MEG:
+    one task hop and one store read less a step). Its `ScoreRef` rides in `GenRef.score`,
+    its own `Timing` after the generate's."""
     min_version = weights.version if weights is not None else base_version
-    return generate_segment(ctx, node, step, mb, episodes, min_version)
+    ref, batch = generate_rows(ctx, node, step, mb, episodes, min_version)
+    if score is None:
+        return ref
+    from tasks.scoring import score_micro_batch
+
+    return replace(ref, score=score_micro_batch(ctx, step, mb, episodes, score, {node: batch}))

@@ -108,15 +108,24 @@ def advantages_for(
 
 
 def score_micro_batch(
-    ctx: RunContext, step: int, mb: int, episodes: tuple[Episode, ...], group: ScoreGroup
+    ctx: RunContext,
+    step: int,
+    mb: int,
+    episodes: tuple[Episode, ...],
+    group: ScoreGroup,
+    held: dict[str, SampleBatch] | None = None,
 ) -> ScoreRef:
-    """Score `group.nodes` of micro-batch (step, mb); their rewards see `group.loads`."""
+    """Score `group.nodes` of micro-batch (step, mb); their rewards see `group.loads`, read
+    from the store unless `held` has their committed rows already (a fused generate)."""
     spec = ctx.spec
     watch = Stopwatch("score", "-", step, mb)
     plugins_of(ctx)  # rewards of the user's own modules
     st = store_of(ctx)
+    held = held or {}
     batches = {
-        n: st.table(spec.nodes[n].agent).read(step=step, node=n, micro_batch=mb)
+        n: held[n]
+        if n in held
+        else st.table(spec.nodes[n].agent).read(step=step, node=n, micro_batch=mb)
         for n in group.loads
     }
     raw = reward_rows(ctx, batches, episodes, group.nodes)

@@ -15,7 +15,7 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -147,16 +147,26 @@ class SimBodies:
         weights = kw["weights"].result if isinstance(kw["weights"], SimTask) else kw["weights"]
         version = (weights.version if weights is not None else kw["base_version"],)
 
+        fused = kw.get("score")  # a score group scored inside this task (one-node MEGs)
+        scoring = self.costs.score(n) if fused is not None else 0.0
+
         def make(t: Timing) -> GenRef:
             seg = SegmentRef(
                 "sim://", self.run_id, agent, f"{node}-k{k}-mb{j}", "rows", n, version, 0
             )
             tokens = d.response_tokens
+            gen_t = replace(t, end=t.end - scoring)
+            score = None
+            if fused is not None:
+                score_t = Timing("score", "-", k, j, t.worker, gen_t.end, t.end)
+                score = ScoreRef(k, j, fused.nodes, n, {}, RewardSum(), score_t)
             return GenRef(
-                node, agent, k, j, seg, n, tokens, version, False, t, segment_tokens=tokens
-            )
+                node, agent, k, j, seg, n, tokens, version, False, gen_t,
+                segment_tokens=tokens, score=score,
+            )  # fmt: skip
 
-        return Work(seconds, make, "generate", agent, k, j, self._share(busy, seconds))
+        total = seconds + scoring
+        return Work(total, make, "generate", agent, k, j, self._share(busy, total))
 
     def score(self, kw: dict[str, Any], worker: str) -> Work:
         k, j, group = kw["step"], kw["mb"], kw["group"]

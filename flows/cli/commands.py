@@ -204,26 +204,12 @@ def train_params(args: argparse.Namespace) -> Any:
     return model_from_args(TrainParams, args)
 
 
-def train_hint(params: Any, run: Any) -> str | None:
-    """`flows.cluster.start.layout_hint` for the resolved new `run` (a resumed one keeps its
-    layout)."""
-    import os
-
-    from flows.cluster.start import layout_hint
-
-    spec = run.ctx.spec
-    cpus = os.cpu_count() or 1
-    return layout_hint(
-        len(spec.agents), spec.run.mode, spec.run.micro_batches, params.cluster, cpus
-    )
-
-
 @command("train", "Train the agents of a MEG with RL (sync | flex | async).", _train_args)
 def train_cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from flows.cluster.start import prefect_api
-    from flows.train import check, train
+    from flows.train import check, chosen_layout, train
 
     if "config" not in vars(args) and "resume" not in vars(args):
         raise RunError("give a CONFIG (or --resume RUN_DIR)")
@@ -232,8 +218,8 @@ def train_cmd(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise option_error(e) from None
     run = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
-    if not params.resume and (hint := train_hint(params, run)):
-        print(hint)
+    if line := chosen_layout(run, params.cluster)[1]:
+        print(line)  # the flow's own print is a log line, below the CLI's log level
     with prefect_api() as url:
         print(f"Prefect API: {url}")
         out = train(params)

@@ -62,6 +62,12 @@ class ClusterConfig(BaseModel):
         description="torch threads of each local worker (default 1: the workers share the "
         "cores; one colocated worker may take them all)",
     )
+    cores: int | None = Field(
+        None,
+        ge=1,
+        description="cores the default layout of a one-agent on-policy run plans for "
+        "(default: the cores this process may use; flows.cluster.layout)",
+    )
     train_threads: int | None = Field(
         None,
         ge=1,
@@ -266,30 +272,6 @@ def wait_for_roles(client: Any, address: str, timeout: float) -> Workers:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.5)
-
-
-def layout_hint(
-    agents: int, mode: str, micro_batches: int, cfg: ClusterConfig, cores: int
-) -> str | None:
-    """A one-line hint for a one-agent on-policy run about to start on the default local
-    cluster of a multi-core machine, else None.
-
-    Why: on-policy, a single agent's rollout and training take turns, so the default layout
-    (one one-thread worker each) leaves the other cores idle most of a step; one rollout
-    worker per micro-batch and a training worker with every core made the TRL peer job
-    1.35x faster on 2 cores (docs/peers.md). The default stays as it is because multi-agent
-    graphs and async mode keep both workers busy."""
-    tuned = cfg.rollout_workers > 1 or cfg.threads or cfg.train_threads
-    if agents != 1 or mode == "async" or cores < 2 or cfg.scheduler or cfg.colocate or tuned:
-        return None
-    flags = f"--rollout-workers {cores} --train-threads {cores}"
-    if micro_batches < cores:
-        flags += f" --micro-batches {cores}"
-    return (
-        f"hint: one agent, on-policy, {cores} cores: `{flags}` generates the micro-batches "
-        "side by side and trains on every core (1.35x faster than this layout on 2 cores: "
-        "docs/peers.md)"
-    )
 
 
 def thread_env(threads: int) -> dict[str, str]:

@@ -42,6 +42,11 @@ def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
     assert s["ours"]["violations"] == 0
     assert s["ours_step_s"] > 0 and s["trl_step_s"] > 0 and s["trl_over_ours"] > 0
     assert s["trl_errors"] == {}
+    # the arm with no cluster settings: its own cluster, the layout flexmarl chooses
+    auto = s["ours-auto"]
+    assert auto["steps"] == steps and auto["violations"] == 0
+    assert s["trl_over_auto"] == round(s["trl_step_s"] / auto["step_s"], 3)
+    assert res["trl_over_ours_default"] == res["trl_over_ours_small"] == s["trl_over_auto"]
 
 
 def test_trl_gets_our_prompts_in_our_order() -> None:

@@ -94,6 +94,46 @@ def test_sigkill_then_resume_finishes_without_duplicates(
     assert json.loads((run_dir / "summary.json").read_text())["run_id"] == out["run_id"]
 
 
+def test_sigkill_of_a_one_node_run_resumes_from_the_store(
+    tmp_path: Path, tiny_model: str, prefect_server: str, cluster: str
+) -> None:
+    """A one-agent, one-node job on its defaults: the spread layout, scores inside the
+    generate tasks, a checkpoint only every 10 steps. Killed during step 2's rollout, it has
+    no checkpoint yet: the resume rebuilds the trainer from the model, replays steps 0-1 from
+    the store, and finishes with every step consumed once and a clean audit."""
+    from bench.peer_job import AGENT, Job, meg_config
+
+    cfg = meg_config(Job(4, 2, 8, 4), tiny_model, tmp_path, backend="hf")
+    run_dir = tmp_path / "run"
+
+    def mid_step() -> bool:
+        tables = sorted((run_dir / "store").glob(f"*/{AGENT}"))
+        return (
+            bool(tables)
+            and (tables[0] / "consumed" / "1.json").exists()
+            and any((tables[0] / "commits").glob("k000002-*"))
+        )
+
+    kill_cli_train_when(
+        mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "the run to reach step 2"
+    )
+    assert "layout: one agent, on-policy" in (tmp_path / "run.log").read_text()
+    from engines.training.checkpoint_index import committed_checkpoints
+    from flows.runs.record import load_run
+
+    assert committed_checkpoints(load_run(run_dir).ctx.checkpoint_root(AGENT)) == []
+
+    where = ClusterConfig(scheduler=cluster)
+    out = train(TrainParams(resume=str(run_dir), cluster=where, export_final=False))
+    table = MEGStore.open(out["store_url"], out["run_id"], create=False).table(AGENT)
+    assert sorted(table.consumption_log()) == [0, 1, 2, 3]
+    ids = table.read().sample_id
+    assert len(ids) == 4 * 4 * 2 and len(np.unique(ids)) == len(ids)
+    assert out["consistency"]["violations"] == 0 and out["consistency"]["accounting_errors"] == 0
+    scored = table.read()
+    assert np.isfinite(np.asarray(scored.reward, dtype=float)).all()  # every row scored
+
+
 def test_rollout_worker_killed_mid_step_is_retried(
     tmp_path: Path, tiny_model: str, prefect_server: str
 ) -> None:

@@ -220,3 +220,41 @@ def test_a_nodes_micro_batches_are_ordered_where_they_share_a_worker(
             apart = first.worker != second.worker
             assert apart == (len(rollers) > 1), (node, first.worker, second.worker)
             assert (id(first) in second.after) != apart
+
+
+@pytest.mark.parametrize("mode", ["flex", "sync", "async"])
+def test_a_one_node_meg_scores_inside_its_generate_task(mode: str, tmp_path: Any) -> None:
+    """`fused_scores`: no score task; the generate task carries the group, and training waits
+    on the generate handle, which also stands for the score in the step's count."""
+    from bench.peer_job import Job, meg_config
+
+    path = meg_config(Job(4, 2, 8, 2), str(tmp_path / "no-model"), tmp_path)
+    spec = load_meg(path, known_rewards=known_rewards(), check_models=False)
+    spec = spec.with_run(mode=mode, staleness=1 if mode == "async" else 0)
+    workers = Workers("tcp://s", ("R",), ("T",), {w: {"resources": {w: 1}} for w in "RT"})
+    p = Pipeline(RunContext("r", "memory://x", spec), workers, Recorder())
+    for k in range(2):
+        p.submit_rollout(k)
+        p.submit_training(k)
+    assert {t.kind for t in p.ex.tasks} == {  # type: ignore[attr-defined]
+        "generate",
+        "train_micro_batch",
+        "optimizer_step",
+    }
+    for k in range(2):
+        for j in range(2):
+            gen = p.futures["generate"][("solve", k, j)]
+            assert gen.kwargs["score"].nodes == ("solve",)
+            assert p.futures["score"][(k, j, 0)] is gen
+            assert (
+                id(gen)
+                in p.futures["train_micro_batch"][("policy", k, j if mode != "sync" else 0)].after
+            )
+        # the step's results: 2 generates + 2 fused scores + 2 trains + 1 step
+        assert len(p.futures.handles_of(k)) == 7
+
+
+def test_larger_graphs_keep_their_score_tasks() -> None:
+    p = compile_steps("math-chain", "flex")
+    assert p.fused == {}
+    assert all("score" not in t.kwargs for t in p.ex.tasks if t.kind == "generate")  # type: ignore[attr-defined]

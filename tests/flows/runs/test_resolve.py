@@ -79,3 +79,25 @@ def test_resume_refusals_and_a_recorded_extension(
     assert run.ctx.steps == 3 and run.start_step == 0
     recorded = load_run(run_dir)
     assert recorded.ctx.spec.run.steps == 3 and recorded.sources["steps"] == "cli"
+
+
+def test_a_one_agent_run_checkpoints_every_ten_steps_unless_told(
+    spec: MEGSpec, tmp_path: Path, tiny_model: str
+) -> None:
+    """`graph_defaults`: the interval nobody set depends on the graph; a set one stands."""
+    import yaml
+
+    from bench.peer_job import Job, meg_config
+    from flows.runs.resolve import SOLO_CHECKPOINT_EVERY
+
+    assert resolve(spec, {})[0].run.checkpoint_every == 1  # math-chain: two agents
+    path = meg_config(Job(2, 2, 4, 3), tiny_model, tmp_path)
+    solo = load_config(str(path))
+    resolved, sources = resolve(solo, {})
+    assert resolved.run.checkpoint_every == SOLO_CHECKPOINT_EVERY == 10
+    assert sources["checkpoint_every"] == "default"
+    assert resolve(solo, {"checkpoint_every": 1})[0].run.checkpoint_every == 1
+    data = yaml.safe_load(path.read_text())
+    data["run"]["checkpoint_every"] = 2
+    path.write_text(yaml.safe_dump(data))
+    assert resolve(load_config(str(path)), {})[0].run.checkpoint_every == 2

@@ -1,0 +1,82 @@
+"""The layout a run gets when it names none (flows.cluster.layout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cluster.layout import default_layout, describe, usable_cores
+from flows.cluster.start import ClusterConfig
+
+
+def test_a_one_agent_on_policy_run_spreads_over_the_cores() -> None:
+    cfg = default_layout(ClusterConfig(cores=4), 1, "flex", 2)
+    assert (cfg.rollout_workers, cfg.train_threads, cfg.train_workers) == (2, 4, 1)
+    assert cfg.threads is None and not cfg.colocate and cfg.scheduler is None
+    wide = default_layout(ClusterConfig(cores=4), 1, "sync", 8)  # one rollout worker per core
+    assert (wide.rollout_workers, wide.train_threads) == (4, 4)
+    assert default_layout(wide, 1, "sync", 8) is wide  # chosen once: its fields are set now
+
+
+@pytest.mark.parametrize(
+    ("given", "agents", "mode"),
+    [
+        (ClusterConfig(cores=4), 2, "flex"),  # several agents keep both workers busy
+        (ClusterConfig(cores=4), 1, "async"),  # so does async: rollout overlaps training
+        (ClusterConfig(cores=1), 1, "flex"),  # one core: nothing to spread
+        (ClusterConfig(cores=4, scheduler="tcp://127.0.0.1:1"), 1, "flex"),  # not ours
+        (ClusterConfig(cores=4, colocate=True), 1, "flex"),
+        (ClusterConfig(cores=4, rollout_workers=1), 1, "flex"),  # the user chose, even the default
+        (ClusterConfig(cores=4, train_threads=1), 1, "flex"),
+        (ClusterConfig(cores=4, memory_limit="2GiB"), 1, "flex"),
+        (ClusterConfig(cores=4, cluster_class="dask_cuda.LocalCUDACluster"), 1, "flex"),
+    ],
+)
+def test_every_other_run_keeps_its_cluster(given: ClusterConfig, agents: int, mode: str) -> None:
+    assert default_layout(given, agents, mode, 2) is given
+
+
+def test_the_cores_default_to_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})
+    assert usable_cores() == 3
+    assert default_layout(ClusterConfig(), 1, "flex", 4).train_threads == 3
+
+
+def test_the_line_it_prints_names_the_layout_and_the_way_out() -> None:
+    line = describe(default_layout(ClusterConfig(cores=4), 1, "flex", 2), 2)
+    assert "2 rollout worker(s)" in line and "4 threads" in line
+    assert "--rollout-workers" in line and "--micro-batches 4" in line
+    assert "--micro-batches" not in describe(
+        default_layout(ClusterConfig(cores=2), 1, "flex", 2), 2
+    )
+
+
+@pytest.mark.slow
+def test_train_starts_the_spread_cluster_for_a_one_agent_job(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run on the default cluster settings (its own cluster and Prefect server): the
+    one-agent job gets 2 rollout workers and a 2-thread trainer (planned for 2 cores), and
+    says so; its scores are computed inside the generate tasks (`fused_scores`), on the
+    generating worker right after each segment; its run is audited clean."""
+    from bench.peer_job import Job, meg_config
+    from flows.cli.main import main
+
+    cfg = meg_config(Job(2, 2, 4, 2), tiny_model, tmp_path)
+    run_dir = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run_dir), "--cores", "2"]) == 0
+    logged = capsys.readouterr().out
+    assert "layout: one agent, on-policy, 2 cores: 2 rollout worker(s)" in logged
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 3  # 2 rollout + 1 training
+    assert summary["consistency"]["violations"] == 0 and summary["steps"] == 2
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    gens = {(t["step"], t["micro_batch"]): t for t in timeline if t["phase"] == "generate"}
+    assert len({t["worker"] for t in gens.values()}) == 2  # both rollout workers generated
+    scores = [t for t in timeline if t["phase"] == "score"]
+    assert len(scores) == len(gens) == 2 * 2
+    for s in scores:
+        gen = gens[(s["step"], s["micro_batch"])]
+        assert s["worker"] == gen["worker"] and s["start"] >= gen["end"]
