@@ -47,31 +47,28 @@ A non-finite loss or gradient skips the step: no optimizer update, gradients dro
 weights and optimizer state bit-identical, `version` unchanged, the event counted in
 `skipped_steps` and logged — never silently applied.
 
-State (`state()` / `load_state()`) is a flat `dict[str, Tensor]` + a JSON-able meta dict, so
-it goes through the StateStore and safetensors unchanged: `model/<name>`,
-`optim/<name>/<exp_avg|exp_avg_sq|step>`, `rng/cpu`, where a name is an HF checkpoint name,
-or PEFT's saved adapter name under LoRA (never the shared base). `release()` drops those
-tensors (the slot manager calls it after the state is safely in the store); `load_state()`
-brings them back into the same module objects.
+State (`state()` / `load_state()`): a flat `dict[str, Tensor]` + a JSON-able meta dict
+(`trainer_state.py` says what is in it), so it goes through the StateStore and safetensors
+unchanged. `release()` drops those tensors (the slot manager calls it after the state is
+safely in the store); `load_state()` brings them back into the same module objects.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from engines.training import trainer_state
 from engines.training.accum import Accum, kept_rows, normaliser
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
 from engines.training.catalog import zero_at_zero_advantage
 from engines.training.config import (
     DTYPES,
-    STATE_FORMAT,
     StepMismatchError,
     StepResult,
     TrainConfig,
@@ -171,6 +168,17 @@ class AgentTrainer:
     def pending_step(self) -> int | None:
         """The step number of the pending accumulation (None: none, or not declared)."""
         return None if self._pending is None else self._pending.step
+
+    def pending_accum(self) -> Accum | None:
+        """The pending step's record (what `trainer_state` saves and restores)."""
+        return self._pending
+
+    def set_pending(self, acc: Accum | None) -> None:
+        self._pending = acc
+
+    def rebuild_optimizer(self) -> None:
+        """A new AdamW over the policy's current parameters (after a move to another base)."""
+        self.optimizer = self._optimizer()
 
     @property
     def accumulated(self) -> dict[int, tuple[int, int]]:
@@ -379,33 +387,11 @@ class AgentTrainer:
     def state(self) -> dict[str, Tensor]:
         """Own weights + optimizer + RNG as one flat named tensor dict (no copies)."""
         self._require_loaded()
-        out = {f"model/{k}": v for k, v in self.policy.tensors().items()}
-        for p, name in self._names.items():
-            for k, v in self.optimizer.state.get(p, {}).items():
-                out[f"optim/{name}/{k}"] = v.detach() if isinstance(v, Tensor) else torch.tensor(v)
-        out["rng/cpu"] = torch.get_rng_state()
-        if self._pending is not None:  # a step in progress: its gradients travel too
-            for p, name in self._names.items():
-                if p.grad is not None:
-                    out[f"grad/{name}"] = p.grad.detach()
-        return out
+        return trainer_state.tensors_of(self)
 
     def meta(self) -> dict[str, Any]:
         """JSON-able counterpart of `state()`."""
-        groups = [
-            {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
-            for g in self.optimizer.param_groups
-        ]
-        return {
-            "format": STATE_FORMAT,
-            "agent": self.agent,
-            "model_path": self.model_path,
-            "version": self.version,
-            "skipped_steps": self.skipped_steps,
-            "param_groups": groups,
-            "config": asdict(self.config),
-            "pending": None if self._pending is None else self._pending.to_json(),
-        }
+        return trainer_state.meta_of(self)
 
     def load_state(
         self, tensors: dict[str, Tensor], meta: dict[str, Any], device: str | None = None
@@ -414,49 +400,8 @@ class AgentTrainer:
 
         `device` rebinds the trainer to another device (a different slot) on the way in.
         """
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"state format {meta.get('format')!r}, expected {STATE_FORMAT}")
-        model_keys = {k[len("model/") :] for k in tensors if k.startswith("model/")}
-        expected = set(self.policy.names())
-        if model_keys != expected:
-            missing, extra = sorted(expected - model_keys), sorted(model_keys - expected)
-            raise ValueError(
-                f"{self.agent}: state keys differ: missing {missing[:5]}, extra {extra[:5]}"
-            )
-        if device is not None and self.policy.to_device(device):
-            self.optimizer = self._optimizer()  # new Parameter objects (another base)
-        self.policy.assign({k: tensors[f"model/{k}"] for k in model_keys})
-        self.optimizer.state.clear()
-        for p, name in self._names.items():
-            st = {
-                k.rsplit("/", 1)[1]: self._optim_value(k.rsplit("/", 1)[1], v, p)
-                for k, v in tensors.items()
-                if k.startswith(f"optim/{name}/")
-            }
-            if st:
-                self.optimizer.state[p] = st
-        for g, saved in zip(self.optimizer.param_groups, meta["param_groups"], strict=True):
-            g.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in saved.items()})
-        if "rng/cpu" in tensors:
-            torch.set_rng_state(tensors["rng/cpu"].to("cpu", torch.uint8))
-        self.version = int(meta["version"])
-        self.skipped_steps = int(meta["skipped_steps"])
-        pending = meta.get("pending")
-        self._pending = None if pending is None else Accum.from_json(pending)
-        for p, name in self._names.items():
-            grad = tensors.get(f"grad/{name}")
-            p.grad = None if grad is None else grad.to(self.device, dtype=p.dtype)
+        trainer_state.load_into(self, tensors, meta, device)
         self._released = False
-
-    def _optim_value(self, key: str, value: Tensor, param: Tensor) -> Tensor:
-        """An AdamW state entry on its way in: moments on the parameter's device and dtype;
-        the step counter stays a CPU tensor, except for the fused kernel, which reads it on
-        the device (as `Optimizer.load_state_dict` places it)."""
-        if key in ("exp_avg", "exp_avg_sq"):
-            return value.to(self.device, dtype=param.dtype)
-        if key == "step" and self.optimizer.defaults.get("fused"):
-            return value.to(self.device, dtype=torch.float32)
-        return value
 
     def release(self) -> None:
         """Drop the state's tensors (own weights, grads, optimizer state); modules remain."""

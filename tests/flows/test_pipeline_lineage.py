@@ -46,6 +46,7 @@ class Steps:
                 step=h.step,
                 agent=h.kwargs.get("agent", "planner"),
                 decode_tokens=0,
+                score=None,  # a generate's fused score (one-node MEGs only)
                 timing=SimpleNamespace(start=0.0, end=0.0, seconds=0.0, step=h.step),
                 task=h,
             )
