@@ -29,13 +29,14 @@ from meg import MEGSpec, expand_episode
 from storage.state import StateStore
 from storage.table import SegmentRef
 from tasks.context import Timing
-from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef, TrainRef
+from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 ROLE = {
     "generate": "rollout",
     "score": "rollout",
     "train_micro_batch": "train",
     "optimizer_step": "train",
+    "hand_over": "train",
 }
 
 
@@ -88,6 +89,7 @@ class SimBodies:
     swaps: int = 0
     loads: int = 0
     switches: int = 0
+    handovers: int = 0
     per_episode: dict[str, int] = field(default_factory=dict)  # node → samples per episode
 
     def __post_init__(self) -> None:
@@ -206,6 +208,24 @@ class SimBodies:
 
         return Work(seconds, make, "optimizer_step", agent, k, -1, self._share(compute, seconds))
 
+    def hand_over(self, kw: dict[str, Any], worker: str) -> Work:
+        """Elastic allocation moved the agent's training: its state leaves this worker's
+        slots and crosses the host links twice (out to the StateStore, in on the target),
+        each way a slot swap's time; the target's first `_acquire` then builds it fresh."""
+        agent, k, target = kw["agent"], kw["step"], kw["target"]
+        if worker in self.slots:
+            self.slots[worker].forget(agent)
+        model = self._model(agent)
+        seconds = self.costs.swap(model, self.accel[worker]) + self.costs.swap(
+            model, self.accel[target]
+        )
+        self.handovers += 1
+
+        def make(t: Timing) -> HandOverRef:
+            return HandOverRef(agent, k, kw["source"], target, 1, t)
+
+        return Work(seconds, make, "hand_over", agent, k, -1, self._share(0, 1))
+
     # ---- training slots -----------------------------------------------------------------
     def _acquire(self, agent: str, worker: str) -> float:
         """Bind `agent` on the worker's slots (the real LRU policy); seconds of the swaps it
@@ -227,4 +247,5 @@ BODIES = {
     "score": SimBodies.score,
     "train_micro_batch": SimBodies.train,
     "optimizer_step": SimBodies.step,
+    "hand_over": SimBodies.hand_over,
 }

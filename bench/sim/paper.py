@@ -23,6 +23,7 @@ KEYS = {  # mode → JSON key of its step time
     "marti-like": "marti_like_s",
     "flex": "flex_s",
     "flex-nobalance": "flex_nobalance_s",
+    "flex-elastic": "flex_elastic_s",
     "async-1": "async_s",
     "mas-rl-like": "mas_rl_like_s",
 }
@@ -72,6 +73,7 @@ def scenario_row(workload: str, n_agents: int, setting: Setting, costs: Costs) -
             runs["flex"].utilization / runs["mas-rl-like"].utilization, 3
         ),
         "balance_gain": round(s["flex-nobalance"] / s["flex"], 3),
+        "elastic_gain": round(s["flex"] / s["flex-elastic"], 3),
         "async_gain": round(s["flex"] / s["async-1"], 3),
         "utilization": {mode: round(r.utilization, 4) for mode, r in runs.items()},
         "counts": {mode: r.counts for mode, r in runs.items()},

@@ -50,11 +50,12 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class Arm:
-    """How one arm runs the graph: mode, η, balancing."""
+    """How one arm runs the graph: mode, η, balancing, elastic training allocation."""
 
     mode: str
     staleness: int = 0
     balance: bool = True
+    elastic: bool = False  # elastic training allocation (engines.training.allocation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,7 @@ def simulate(
         micro_batches=micro_batches,
         window=window,
         balance=arm.balance,
+        elastic=arm.elastic,
     )
     ctx = RunContext(
         run_id=f"sim-{spec.name}-{arm.mode}",
@@ -140,6 +142,7 @@ def simulate(
         "swaps": bodies.swaps,
         "loads": bodies.loads,
         "switches": bodies.switches,
+        "handovers": bodies.handovers,
         "rebalances": int(getattr(pipe.place.balancer, "changes", 0)),
         "reverts": int(getattr(pipe.place.balancer, "reverts", 0)),
     }

@@ -197,6 +197,7 @@ MODES: dict[str, Mode] = {
     "marti-like": Mode(Arm("sync", balance=False), colocated),
     "flex": Mode(Arm("flex"), disaggregated),
     "flex-nobalance": Mode(Arm("flex", balance=False), disaggregated),
+    "flex-elastic": Mode(Arm("flex", elastic=True), disaggregated),
     "async-1": Mode(Arm("async", 1), disaggregated),
     "mas-rl-like": Mode(Arm("sync", balance=False), whole_cluster, micro_batches=1),
 }
