@@ -118,6 +118,33 @@ def test_april_carries_unfinished_samples_and_the_audit_proves_every_token(
     assert {p for ids in checks.parent_ids for p in str(ids).split(",")} <= counts
 
 
+def test_april_on_a_one_node_meg_scores_inside_its_generate_task(
+    tmp_path: Path, longtail_model: str, cluster: str
+) -> None:
+    """The counter alone (a one-node MEG): its generate task both cuts (APRIL) and scores
+    (`fused_scores`). Every trained row is scored, carried samples are continued, and the
+    audit proves every token's version."""
+    cfg = policy_config(tmp_path, longtail_model, "longtail", rollout=APRIL)
+    data = yaml.safe_load(cfg.read_text())
+    for section, key in (("agents", "checker"), ("nodes", "check"), ("rewards", "check")):
+        del data[section][key]
+    cfg.write_text(yaml.safe_dump(data))
+    out = run(cfg, tmp_path / "run", cluster, "flex")
+    assert out["steps"] == 4 and out["consistency"]["violations"] == 0
+    assert sum(r["carried_tokens"] for r in out["per_step"]) > 0
+    store = MEGStore.open(out["store_url"], out["run_id"], create=False)
+    audit = audit_consistency(store)
+    assert (audit.violations, audit.accounting_errors, audit.steps_unverified) == (0, 0, 0)
+    assert carries_continue(store, "counter", "count", 3) > 0
+    rows = store.table("counter").read()
+    assert np.isfinite(np.asarray(rows.reward, dtype=float)).all()  # every trained row scored
+    timeline = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    gens = {(t["step"], t["micro_batch"]): t for t in timeline if t["phase"] == "generate"}
+    scores = [t for t in timeline if t["phase"] == "score"]
+    assert len(scores) == len(gens) == 4 * 2
+    assert all(s["worker"] == gens[(s["step"], s["micro_batch"])]["worker"] for s in scores)
+
+
 @pytest.mark.parametrize("mode", ["flex", "async"])
 def test_greso_skips_prompts_that_taught_nothing(
     tmp_path: Path, tiny_model: str, cluster: str, mode: str, capsys: pytest.CaptureFixture[str]
