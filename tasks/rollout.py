@@ -30,6 +30,7 @@ from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
 from tasks.refs import Episode, GenRef
+from tasks.scoring import score_micro_batch
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
 
 
@@ -282,6 +283,4 @@ def generate(
     ref, batch = generate_rows(ctx, node, step, mb, episodes, min_version)
     if score is None:
         return ref
-    from tasks.scoring import score_micro_batch
-
     return replace(ref, score=score_micro_batch(ctx, step, mb, episodes, score, {node: batch}))

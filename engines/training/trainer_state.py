@@ -12,16 +12,34 @@ training math only.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from engines.training.accum import Accum
-from engines.training.config import STATE_FORMAT
+from engines.training.config import STATE_FORMAT, TrainConfig
+from engines.training.weights import PolicyWeights
 
-if TYPE_CHECKING:
-    from engines.training.trainer import AgentTrainer
+
+class AgentTrainer(Protocol):
+    """What of `trainer.AgentTrainer` its state touches (a protocol: no import circle)."""
+
+    agent: str
+    model_path: str
+    config: TrainConfig
+    policy: PolicyWeights
+    optimizer: torch.optim.Optimizer
+    version: int
+    skipped_steps: int
+
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def pending(self) -> bool: ...
+    def pending_accum(self) -> Accum | None: ...
+    def set_pending(self, acc: Accum | None) -> None: ...
+    def rebuild_optimizer(self) -> None: ...
 
 
 def tensors_of(tr: AgentTrainer) -> dict[str, Tensor]:

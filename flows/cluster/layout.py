@@ -7,8 +7,9 @@ and its training for its rollout, so on that layout every core but one idles at 
 For such a run `default_layout` spreads the step instead: one rollout worker per core, at most
 one per micro-batch (more would idle), so the micro-batches generate side by side, and a
 training worker whose torch takes every core while the rollout waits. Measured with the TRL
-peer job at 64×4×128 on 2 cores: 1.10× TRL on this layout, 0.81× on the two-worker default
-(docs/peers.md). It moves time, not results: every layout draws the same tokens.
+peer job at 64×4×128 on 2 cores: 1.10× TRL on this layout and 0.81× on the two-worker default
+(2026-12-03, an Intel VM), 1.01× and 0.76× (2026-12-05, an AMD VM; docs/peers.md). It moves
+time, not results: every layout draws the same tokens.
 
 Any cluster setting the user gives (`--rollout-workers`, `--threads`, `--scheduler`, ...)
 means they chose: the layout is theirs, untouched. `cores` (`--cores`) only tells the choice
