@@ -203,7 +203,7 @@ def ratio_vs_direct_vllm(
 
     def task(mb: int) -> tuple[int, float]:
         t0 = time.perf_counter()
-        ref = generate_segment(ctx, node, step, mb, eps, 0)
+        ref, _ = generate_segment(ctx, node, step, mb, eps, 0)
         tokens["task"].append(ref.decode_tokens)
         return ref.decode_tokens, time.perf_counter() - t0
 

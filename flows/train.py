@@ -19,7 +19,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.cluster.layout import default_layout, describe, engine_bytes
+from flows.cluster.layout import for_meg
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
@@ -41,7 +41,6 @@ from flows.runs.record import (
     resume_point,
 )
 from flows.runs.resolve import RUN_FIELDS, continued, resolve
-from meg import is_hub_name
 from meg.limits import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW
 from meg.render import mermaid
 from meg.sizes import step_samples_problem
@@ -368,26 +367,10 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     return out
 
 
-def chosen_layout(run: Run, given: ClusterConfig) -> tuple[ClusterConfig, str | None]:
-    """The cluster the run starts: `given`, or the one `flows.cluster.layout` chooses for a
-    one-agent on-policy run when the user gave no cluster setting; and the line that says
-    so (None: `given` stands). `flexmarl train` prints it before the run starts."""
-    spec = run.ctx.spec
-    agents = {n.agent for n in spec.nodes.values()}
-    size = None
-    if len(agents) == 1:
-        from engines.model_files import local_dir
-
-        model = spec.agents[next(iter(agents))].model
-        size = None if is_hub_name(model) else engine_bytes(local_dir(model))
-    mode, mbs = spec.run.mode, spec.run.micro_batches
-    cluster = default_layout(given, len(agents), mode, mbs, size)
-    return cluster, None if cluster is given else describe(cluster, mbs)
-
-
 def layout(run: Run, given: ClusterConfig) -> ClusterConfig:
-    """`chosen_layout`, its line in the flow run's log."""
-    cluster, line = chosen_layout(run, given)
+    """The cluster the run starts (`flows.cluster.layout.for_meg`), its line in the flow
+    run's log when it chose."""
+    cluster, line = for_meg(run.ctx.spec, given)
     if line:
         print(line)
     return cluster

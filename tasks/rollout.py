@@ -152,20 +152,9 @@ def generate_segment(
     mb: int,
     episodes: tuple[Episode, ...],
     min_version: int,
-) -> GenRef:
-    """Generate (or find committed) the segment of `node` in micro-batch (step, mb)."""
-    return generate_rows(ctx, node, step, mb, episodes, min_version)[0]
-
-
-def generate_rows(
-    ctx: RunContext,
-    node: str,
-    step: int,
-    mb: int,
-    episodes: tuple[Episode, ...],
-    min_version: int,
 ) -> tuple[GenRef, SampleBatch]:
-    """`generate_segment`, with the segment's rows (what a fused score reads)."""
+    """Generate (or find committed) the segment of `node` in micro-batch (step, mb); its ref
+    and its rows (what a fused score reads)."""
     spec = ctx.spec
     agent_name = spec.nodes[node].agent
     watch = Stopwatch("generate", agent_name, step, mb)
@@ -280,7 +269,7 @@ def generate(
     one task hop and one store read less a step). Its `ScoreRef` rides in `GenRef.score`,
     its own `Timing` after the generate's."""
     min_version = weights.version if weights is not None else base_version
-    ref, batch = generate_rows(ctx, node, step, mb, episodes, min_version)
+    ref, batch = generate_segment(ctx, node, step, mb, episodes, min_version)
     if score is None:
         return ref
     return replace(ref, score=score_micro_batch(ctx, step, mb, episodes, score, {node: batch}))

@@ -208,8 +208,9 @@ def train_params(args: argparse.Namespace) -> Any:
 def train_cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from flows.cluster.layout import for_meg
     from flows.cluster.start import prefect_api
-    from flows.train import check, chosen_layout, train
+    from flows.train import check, train
 
     if "config" not in vars(args) and "resume" not in vars(args):
         raise RunError("give a CONFIG (or --resume RUN_DIR)")
@@ -218,7 +219,7 @@ def train_cmd(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise option_error(e) from None
     run = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
-    if line := chosen_layout(run, params.cluster)[1]:
+    if line := for_meg(run.ctx.spec, params.cluster)[1]:
         print(line)  # the flow's own print is a log line, below the CLI's log level
     with prefect_api() as url:
         print(f"Prefect API: {url}")

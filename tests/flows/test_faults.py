@@ -24,8 +24,22 @@ from tests.flows.conftest import kill_cli_train_when, write_config
 pytestmark = pytest.mark.slow
 
 
-def _table_dirs(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "store").glob("*/solver"))
+def _table_dirs(run_dir: Path, agent: str = "solver") -> list[Path]:
+    return sorted((run_dir / "store").glob(f"*/{agent}"))
+
+
+def _in_step_two(run_dir: Path, agent: str = "solver") -> Callable[[], bool]:
+    """Whether `agent` consumed step 1 and step 2's rollout is under way."""
+
+    def reached() -> bool:
+        tables = _table_dirs(run_dir, agent)
+        return (
+            bool(tables)
+            and (tables[0] / "consumed" / "1.json").exists()
+            and any((tables[0] / "commits").glob("k000002-*"))
+        )
+
+    return reached
 
 
 def _wait_for(
@@ -66,16 +80,13 @@ def test_sigkill_then_resume_finishes_without_duplicates(
     )
     run_dir = tmp_path / "run"
 
-    def mid_step() -> bool:  # step 1 consumed by the solver, step 2 rollout under way
-        tables = _table_dirs(run_dir)
-        return (
-            bool(tables)
-            and (tables[0] / "consumed" / "1.json").exists()
-            and any((tables[0] / "commits").glob("k000002-*"))
-        )
-
     kill_cli_train_when(
-        mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "the run to reach step 2"
+        _in_step_two(run_dir),
+        cfg,
+        run_dir,
+        prefect_server,
+        tmp_path / "run.log",
+        "the run to reach step 2",
     )
     assert not (run_dir / "summary.json").exists()
 
@@ -106,16 +117,13 @@ def test_sigkill_of_a_one_node_run_resumes_from_the_store(
     cfg = meg_config(Job(4, 2, 8, 4), tiny_model, tmp_path, backend="hf")
     run_dir = tmp_path / "run"
 
-    def mid_step() -> bool:
-        tables = sorted((run_dir / "store").glob(f"*/{AGENT}"))
-        return (
-            bool(tables)
-            and (tables[0] / "consumed" / "1.json").exists()
-            and any((tables[0] / "commits").glob("k000002-*"))
-        )
-
     kill_cli_train_when(
-        mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "the run to reach step 2"
+        _in_step_two(run_dir, AGENT),
+        cfg,
+        run_dir,
+        prefect_server,
+        tmp_path / "run.log",
+        "the run to reach step 2",
     )
     assert "layout: one agent, on-policy" in (tmp_path / "run.log").read_text()
     from engines.training.checkpoint_index import committed_checkpoints
