@@ -13,6 +13,14 @@ steps on a fresh default local cluster, interleaved `R` times:
 - `greso`: `run.select: {policy: greso}` (explore 0.5, floor 0.1, history 4).
 - `zero_adv`: `loss.skip_zero_advantage: true` for every agent.
 - `all_three`: all of the above.
+- `rollverify`: `run.rollout: {policy: rollverify}` (a sample whose reward is decided stops).
+- `darts`: `run.rollout: {policy: darts, over_sample: 0.5}` (each group keeps its shortest
+  `n` of 1.5 `n`).
+- `echo`: `loss.echo: {coef: 0.05, delimiter: " "}` for every agent (EchoRL).
+- `bandit`: `run.select: {policy: bandit}` (a contextual bandit over prompts that replays
+  informative ones in place of others: as many episodes as planned).
+
+`--arms` runs a subset (the baseline always runs: every key is a ratio over it).
 
 The dataset is cut to `--train-size` tasks (default 2 × episodes per step) in every arm, so
 prompts recur and GRESO has a history to select from. Repeat r runs every arm with run seed r
@@ -33,7 +41,11 @@ Keys (long-tail workload, ratios over the baseline): `april_step_time_ratio`,
 baseline of the same seed; with `baseline_reward_spread`, the baseline's own max - min over
 seeds, to compare it with), `zero_adv_fraction`,
 `skip_train_time_ratio`, `zero_adv_step_time_ratio`, `all_three_step_time_ratio`,
-`all_three_generated_tokens_ratio`; the same under each workload's name.
+`all_three_generated_tokens_ratio`, `rollverify_generated_tokens_ratio`,
+`darts_generated_tokens_ratio` (generated includes darts' dropped responses), their
+`*_step_time_ratio`, and `*_reward_delta` (paired by seed, as GRESO's) for `rollverify`,
+`darts`, `echo` and `bandit` (`bandit_generated_tokens_ratio` shows the equal budget);
+the same under each workload's name.
 """
 
 from __future__ import annotations
@@ -44,8 +56,10 @@ import os
 import platform
 import statistics
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import date
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +75,32 @@ from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from storage.store import MEGStore
 from workloads import BUILTIN
 
-ARMS = ("baseline", "april", "april_c4", "greso", "zero_adv", "all_three")
+ARMS = (
+    "baseline",
+    "april",
+    "april_c4",
+    "greso",
+    "zero_adv",
+    "all_three",
+    "rollverify",
+    "darts",
+    "echo",
+    "bandit",
+)
 APRIL = {"policy": "april", "over_provision": 0.25, "max_carry": 1}
 APRIL_C4 = {**APRIL, "max_carry": 4}
 GRESO = {"policy": "greso"}
+BANDIT = {"policy": "bandit", "alpha": 1.0, "replay": 0.5}
+ROLLOUT = {  # the arms that are a `run.rollout` policy
+    "april": APRIL,
+    "all_three": APRIL,
+    "april_c4": APRIL_C4,
+    "rollverify": {"policy": "rollverify", "every": 4},
+    "darts": {"policy": "darts", "over_sample": 0.5},
+}
+# EchoRL: a step is a number of the list (" "-delimited); coef 0.05, not the paper's 0.001:
+# the paper's runs take lr 1e-6 for hundreds of steps, these lr 5e-4 for 8
+ECHO = {"coef": 0.05, "delimiter": " "}
 WORKLOADS = ("longtail", "fanout")
 
 
@@ -94,6 +130,8 @@ def config_copy(
         agent["model"] = model
         if arm in ("zero_adv", "all_three"):
             agent["loss"] = {**agent.get("loss", {}), "skip_zero_advantage": True}
+        if arm == "echo":
+            agent["loss"] = {**agent.get("loss", {}), "echo": ECHO}
     data["dataset"]["train_size"] = train_size
     data["run"] = {
         "steps": steps,
@@ -102,12 +140,12 @@ def config_copy(
         "mode": "flex",
         "seed": seed,
     }
-    if arm in ("april", "all_three"):
-        data["run"]["rollout"] = APRIL
-    if arm == "april_c4":
-        data["run"]["rollout"] = APRIL_C4
+    if arm in ROLLOUT:
+        data["run"]["rollout"] = ROLLOUT[arm]
     if arm in ("greso", "all_three"):
         data["run"]["select"] = GRESO
+    if arm == "bandit":
+        data["run"]["select"] = BANDIT
     path = out / f"{workload}-{arm}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -155,6 +193,7 @@ def run_arm(cfg: Path, run_dir: Path, scheduler: str | None = None) -> dict[str,
         "thrown_away_tokens": out["rollout"]["thrown_away_tokens"],
         "offpolicy_frac": out["rollout"]["offpolicy_frac"],
         "skipped_prompts": out["rollout"]["skipped_prompts"],
+        "replayed_prompts": out["rollout"]["replayed_prompts"],
         "zero_adv_fraction": zero_adv_fraction(out),
         "team_reward_last3": round(statistics.mean(rewards[-3:]), 4),
         "violations": st["violations"],
@@ -168,25 +207,54 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
     def over(arm: str, key: str) -> float:
         return round(arms[arm][key] / base[key], 4)
 
+    def paired(arm: str) -> float:  # the arm against the baseline of the same seed
+        return round(
+            statistics.median(
+                a["team_reward_last3"] - b["team_reward_last3"]
+                for a, b in zip(arms[arm]["repeats"], base["repeats"], strict=True)
+            ),
+            4,
+        )
+
     spread = [r["team_reward_last3"] for r in base["repeats"]]
-    paired = [  # GRESO against the baseline of the same seed
-        g["team_reward_last3"] - b["team_reward_last3"]
-        for g, b in zip(arms["greso"]["repeats"], base["repeats"], strict=True)
-    ]
-    return {
-        "april_step_time_ratio": over("april", "step_s"),
-        "april_rollout_time_ratio": over("april", "rollout_s"),
-        "april_c4_step_time_ratio": over("april_c4", "step_s"),
-        "april_c4_rollout_time_ratio": over("april_c4", "rollout_s"),
-        "greso_generated_tokens_ratio": over("greso", "decode_tokens_per_step"),
-        "greso_reward_delta": round(statistics.median(paired), 4),
+    keys: dict[str, dict[str, Callable[[], float]]] = {
+        "april": {
+            "april_step_time_ratio": lambda: over("april", "step_s"),
+            "april_rollout_time_ratio": lambda: over("april", "rollout_s"),
+        },
+        "april_c4": {
+            "april_c4_step_time_ratio": lambda: over("april_c4", "step_s"),
+            "april_c4_rollout_time_ratio": lambda: over("april_c4", "rollout_s"),
+        },
+        "greso": {
+            "greso_generated_tokens_ratio": lambda: over("greso", "decode_tokens_per_step"),
+            "greso_reward_delta": lambda: paired("greso"),
+        },
+        "zero_adv": {
+            "skip_train_time_ratio": lambda: over("zero_adv", "train_s"),
+            "zero_adv_step_time_ratio": lambda: over("zero_adv", "step_s"),
+        },
+        "all_three": {
+            "all_three_step_time_ratio": lambda: over("all_three", "step_s"),
+            "all_three_generated_tokens_ratio": lambda: over("all_three", "decode_tokens_per_step"),
+        },
+        **{
+            arm: {
+                f"{arm}_generated_tokens_ratio": partial(over, arm, "decode_tokens_per_step"),
+                f"{arm}_step_time_ratio": partial(over, arm, "step_s"),
+                f"{arm}_reward_delta": partial(paired, arm),
+            }
+            for arm in ("rollverify", "darts", "echo", "bandit")
+        },
+    }
+    out = {
         "baseline_reward_spread": round(max(spread) - min(spread), 4),
         "zero_adv_fraction": base["zero_adv_fraction"],
-        "skip_train_time_ratio": over("zero_adv", "train_s"),
-        "zero_adv_step_time_ratio": over("zero_adv", "step_s"),
-        "all_three_step_time_ratio": over("all_three", "step_s"),
-        "all_three_generated_tokens_ratio": over("all_three", "decode_tokens_per_step"),
     }
+    for arm, fns in keys.items():
+        if arm in arms:
+            out |= {k: fn() for k, fn in fns.items()}
+    return out
 
 
 def run(
@@ -198,6 +266,7 @@ def run(
     workloads: tuple[str, ...] = WORKLOADS,
     train_size: int | None = None,
     shared_cluster: bool = False,
+    arms_run: tuple[str, ...] = ARMS,
 ) -> dict[str, Any]:
     size = train_size or 2 * episodes
     results: dict[str, Any] = {
@@ -208,19 +277,23 @@ def run(
         "episodes_per_step": episodes,
         "train_size": size,
         "repeats": repeats,
-        "arms": list(ARMS),
+        "arms": list(arms_run),
         "workloads": list(workloads),
         "april": APRIL,
         "april_c4": APRIL_C4,
         "greso": GRESO,
+        "rollverify": ROLLOUT["rollverify"],
+        "darts": ROLLOUT["darts"],
+        "echo": ECHO,
+        "bandit": BANDIT,
     }
     with prefect_api(), ExitStack() as stack:
         models = {w: build_model(w, work, warm_steps) for w in workloads}
         shared = stack.enter_context(dask_cluster(ClusterConfig())) if shared_cluster else None
         for w in workloads:
-            runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
+            runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms_run}
             for rep in range(repeats):
-                for arm in ARMS:
+                for arm in arms_run:
                     cfg = config_copy(w, arm, models[w], work, steps, episodes, size, seed=rep)
                     address = None if shared is None else shared.address
                     runs[arm].append(run_arm(cfg, work / f"{w}-{arm}-{rep}", address))
@@ -271,18 +344,12 @@ def render(results: dict[str, Any]) -> None:
             )
     Console(width=160).print(t)
     for w in results["workloads"]:
-        r = results[w]
+        keys = {k: v for k, v in results[w].items() if k != "arms"}
         print(
-            f"{w}: APRIL step time {r['april_step_time_ratio']:.3f}x (root rollout "
-            f"{r['april_rollout_time_ratio']:.3f}x; max_carry 4: "
-            f"{r['april_c4_step_time_ratio']:.3f}x, "
-            f"{r['april_c4_rollout_time_ratio']:.3f}x); GRESO generated tokens "
-            f"{r['greso_generated_tokens_ratio']:.3f}x, reward {r['greso_reward_delta']:+.3f} "
-            f"(baseline spread {r['baseline_reward_spread']:.3f}); zero-adv fraction "
-            f"{r['zero_adv_fraction']:.2f}, training time {r['skip_train_time_ratio']:.3f}x, "
-            f"step time {r['zero_adv_step_time_ratio']:.3f}x; all three: step time "
-            f"{r['all_three_step_time_ratio']:.3f}x, generated tokens "
-            f"{r['all_three_generated_tokens_ratio']:.3f}x"
+            f"{w}: "
+            + ", ".join(
+                f"{k} {v:+.3f}" if "delta" in k else f"{k} {v:.3f}" for k, v in keys.items()
+            )
         )
 
 
@@ -298,12 +365,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--train-size", type=int, help="tasks in the dataset (2 × episodes)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--arms", default=",".join(ARMS), help="a subset (the baseline always runs)")
     p.add_argument("--json", default="bench/results/longtail.json")
     args = p.parse_args(argv)
     workloads = tuple(args.workloads.split(","))
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
         p.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
+    arms = ("baseline", *(a for a in args.arms.split(",") if a != "baseline"))
+    if set(arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; known: {', '.join(ARMS)}")
     steps, episodes, repeats, warm = (
         (3, 4, 1, 2) if args.small else (args.steps, args.episodes, args.repeats, None)
     )
@@ -311,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         workloads = ("longtail",)
     with tempfile.TemporaryDirectory(prefix="flexmarl-longtail-") as tmp:
         results = run(
-            steps, episodes, repeats, warm, Path(tmp), workloads, args.train_size, args.small
+            steps, episodes, repeats, warm, Path(tmp), workloads, args.train_size, args.small, arms
         )
     render(results)
     write_results(results, args.json)

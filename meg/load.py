@@ -219,6 +219,17 @@ def validate(
     problem = april_problem(spec)
     if problem:
         raise fail(problem, "run.rollout")
+    if spec.run.rollout.verifies and isinstance(known_rewards, Registry):
+        checked = [n for n, r in spec.rewards.items() if known_rewards.meta(r.fn).get("decided")]
+        if not checked:
+            able = [n for n in known_rewards.names() if known_rewards.meta(n).get("decided")]
+            raise fail(
+                "the rollverify rollout policy stops samples whose reward is already decided, "
+                "and no node's reward can judge a prefix; rewards that can: "
+                f"{', '.join(able) or 'none'} (a plug-in declares one with "
+                "`register_reward(..., decided=fn)`)",
+                "run.rollout",
+            )
     ds = spec.dataset
     if (ds.generator is None) == (ds.url is None):
         raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")

@@ -31,6 +31,14 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def flag_block(model: type[_Frozen], v: Any) -> Any:
+    """An optional block written as a flag: `true` is every default of `model`, `false` is
+    off (None); anything else is validated as the block."""
+    if v is True:
+        return model()
+    return None if v is False else v
+
+
 class SamplingSpec(_Frozen):
     """Sampling defaults of an agent; a node may override `max_tokens`."""
 
@@ -57,6 +65,28 @@ class OptimSpec(_Frozen):
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(
         1.0, ge=0.0, description="Max global gradient norm; 0 disables clipping."
+    )
+
+
+class EchoSpec(_Frozen):
+    """EchoRL's auxiliary loss (arXiv 2605.31228): a group whose rollouts all succeeded has
+    advantage 0 everywhere and teaches the policy loss nothing; EchoRL picks one success in
+    such a group and adds `coef` × its negative log-likelihood on a prefix, the "EchoClip",
+    which ends at the response's step of highest entropy (where the policy was least sure,
+    and got it right). Steps end at a token whose text contains `delimiter`; a step's
+    entropy is estimated by the mean surprisal −log μ of its sampled tokens, which the
+    store already holds (no extra forward pass). See engines/training/echo.py."""
+
+    coef: float = Field(
+        0.001, gt=0.0, le=10.0, description="Weight of the clip's NLL term (the paper's 0.001)."
+    )
+    success: float = Field(
+        1.0, description="A rollout succeeded when its reward is at least this (the paper's 1.0)."
+    )
+    delimiter: str = Field(
+        "\n",
+        min_length=1,
+        description="Text that ends a reasoning step (the paper splits at newlines).",
     )
 
 
@@ -92,6 +122,16 @@ class LossSpec(_Frozen):
         "0 (their gradient is 0); the normaliser still counts them, so the gradient is the "
         "same. Applies when kl_coef is 0 and the policy loss declares it exact.",
     )
+    echo: EchoSpec | None = Field(
+        None,
+        description="EchoRL: an NLL term on a success rollout's prefix in all-success groups "
+        "(`echo: true`: the paper's defaults).",
+    )
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _echo_flag(cls, v: Any) -> Any:
+        return flag_block(EchoSpec, v)
 
 
 class LoraSpec(_Frozen):
@@ -161,10 +201,7 @@ class AgentSpec(_Frozen):
     @field_validator("lora", mode="before")
     @classmethod
     def _lora_flag(cls, v: Any) -> Any:
-        """`lora: true` is every default, `lora: false` full weights."""
-        if v is True:
-            return LoraSpec()
-        return None if v is False else v
+        return flag_block(LoraSpec, v)  # `lora: false`: full weights
 
     @property
     def tokenizer_path(self) -> str:

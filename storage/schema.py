@@ -119,7 +119,7 @@ class SampleBatch:
     token_versions: np.ndarray  # (R,) int64, policy version that generated each response token
     reward: np.ndarray  # (N,) float32, NaN until scored
     advantage: np.ndarray  # (N,) float32, NaN until scored
-    finish_reason: np.ndarray  # (N,) str "stop" | "length"
+    finish_reason: np.ndarray  # (N,) str "stop" | "length" | "partial" (carry) | "verified"
     gen_start: np.ndarray  # (N,) float64 unix seconds
     gen_end: np.ndarray  # (N,) float64 unix seconds
     # (N,) str, joined from the score segment: "" until scored, then "ok", "failed: <why>"

@@ -27,6 +27,7 @@ import numpy as np
 
 from engines.training.batch import build_microbatch
 from engines.training.checkpoint_index import latest_checkpoint
+from engines.training.echo import echo_clips
 from engines.training.trainer import AgentTrainer
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext
@@ -140,8 +141,31 @@ def accumulate_part(
         [batch.logprob(i).tolist() for i in range(n)],
         batch.advantage.tolist(),
         pad,
+        echo_lengths=echo_lengths(ctx, agent, batch),
     )
     return trainer.accumulate(mbt, part=mb)["loss"]
+
+
+def echo_lengths(ctx: RunContext, agent: str, batch: SampleBatch) -> list[int] | None:
+    """EchoRL's clip length per row of a scored batch (`engines.training.echo`), or None when
+    the agent has no `loss.echo`. A token ends a step when its own text contains the
+    delimiter (decoded one id at a time: what the tokenizer prints for that token)."""
+    spec = ctx.spec.agents[agent].loss.echo
+    if spec is None:
+        return None
+    tok = tokenizer_of(ctx, agent)
+    responses = [batch.response(i) for i in range(len(batch))]
+    ids = np.unique(np.concatenate(responses)) if responses else np.zeros(0, np.int64)
+    ends_step = {int(t) for t in ids if spec.delimiter in tok.decode([int(t)])}
+    clips = echo_clips(
+        batch.group_id,
+        np.where(batch.score_status == "ok", batch.reward, np.nan),  # failed/dropped: never
+        batch.advantage,
+        [-batch.logprob(i) for i in range(len(batch))],
+        [np.isin(r, list(ends_step)) for r in responses],
+        spec.success,
+    )
+    return [int(c) for c in clips]
 
 
 def replay(ctx: RunContext, trainer: AgentTrainer, agent: str, step: int, want: int) -> None:

@@ -31,7 +31,9 @@ from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
 from tasks.refs import Episode, GenRef
 from tasks.scoring import score_micro_batch
+from tasks.watch import sample_watched, watch_for
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
+from workloads.rewards import early_check
 
 
 def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
@@ -145,6 +147,37 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
     )
 
 
+def sample(
+    ctx: RunContext,
+    node: str,
+    host: Any,
+    agent: str,
+    plans: list[Any],
+    prompts: list[list[int]],
+    params: SamplingParams,
+    episodes: tuple[Episode, ...],
+) -> tuple[list[list[Any]], int]:
+    """The node's completions, [invocation][sample], and the tokens generated for responses
+    not kept: as one batch, or under the rollout policy's watch where it stops single
+    samples (`tasks.watch`)."""
+    reward = ctx.spec.rewards.get(node)
+    tok = tokenizer_of(ctx, agent)
+    items = dict(episodes)
+    chosen = watch_for(
+        ctx.spec.run.rollout,
+        params.n,
+        None if reward is None else early_check(reward.fn),
+        [items[plan.episode] for plan in plans],
+        lambda ids: tok.decode(list(ids), skip_special_tokens=True),  # as the score reads it
+    )
+    if chosen is None:
+        return host.generate(prompts, params, agent), 0
+    watch, launched = chosen
+    return sample_watched(
+        lambda p, sp, w: host.generate(p, sp, agent, watch=w), prompts, params, launched, watch
+    )
+
+
 def generate_segment(
     ctx: RunContext,
     node: str,
@@ -164,14 +197,19 @@ def generate_segment(
     cuts = ctx.spec.run.rollout.carries and not spec.nodes[node].inputs
 
     def gen_ref(
-        ref: SegmentRef, batch: SampleBatch, resumed: bool, carried: SampleBatch | None = None
+        ref: SegmentRef,
+        batch: SampleBatch,
+        resumed: bool,
+        carried: SampleBatch | None = None,
+        discarded: int = 0,
     ) -> tuple[GenRef, SampleBatch]:
         if carried is None:  # what this segment's task carried, if it cuts: from the store
             carried = read_carried(ctx, node, step, mb) if cuts else SampleBatch.empty()
         old = int(batch.carried_tokens.sum())
         held = int(carried.response_lengths.sum())
         in_segment = int(batch.response_lengths.sum())
-        tokens = in_segment - old + held - int(carried.carried_tokens.sum())  # generated now
+        # generated now: the segment's new tokens, those carried on, those not kept (darts)
+        tokens = in_segment - old + held - int(carried.carried_tokens.sum()) + discarded
         return GenRef(
             node,
             agent_name,
@@ -214,7 +252,7 @@ def generate_segment(
     plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
     params = sampling_for(ctx, node, step, mb)
     t0 = time.time()
-    completions = host.generate(prompts, params, agent_name)
+    completions, discarded = sample(ctx, node, host, agent_name, plans, prompts, params, episodes)
     t1 = time.time()
     rows = []
     for plan, prompt, outs in zip(plans, prompts, completions, strict=True):
@@ -238,7 +276,7 @@ def generate_segment(
             )
     batch = SampleBatch.from_rows(rows)
     ref = table.write_segment(SegmentKey(step, mb, node), batch)
-    return gen_ref(ref, batch, resumed=False)
+    return gen_ref(ref, batch, resumed=False, discarded=discarded)
 
 
 @task(

@@ -67,8 +67,20 @@ def sequence_correct(text: str, task: TaskItem) -> bool:
     return _INTS.findall(text) == _INTS.findall(task.answer)
 
 
+def sequence_wrong_already(text: str, task: TaskItem) -> bool:
+    """`sequence_correct` is False whatever follows: an integer already complete (a
+    non-digit follows it) differs from the answer's at its place, or there are more of them
+    than the answer has. A right prefix is never decided (one more integer makes it wrong)."""
+    done = [m.group(0) for m in _INTS.finditer(text) if m.end() < len(text)]
+    want = _INTS.findall(task.answer)
+    return len(done) > len(want) or done != want[: len(done)]
+
+
 sequence = answer_reward(
-    "sequence", sequence_correct, "1 if the response lists exactly the answer's integers, in order."
+    "sequence",
+    sequence_correct,
+    "1 if the response lists exactly the answer's integers, in order.",
+    decided=sequence_wrong_already,
 )
 sequence_verdict = verdict_reward(
     "sequence_verdict",

@@ -58,6 +58,7 @@ class EpisodeView:
 
 RewardFn = Callable[..., float]
 Reads = Callable[[Mapping[str, Any]], Collection[str]]
+Decided = Callable[[str, TaskItem], bool]  # a reward's prefix verdict: `early_check`
 
 
 def _check_reward(name: str, fn: Any) -> None:
@@ -117,13 +118,29 @@ def warm_up(rewards: Collection[str]) -> None:
             fn()
 
 
-def register_reward(name: str, *, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
+def register_reward(
+    name: str, *, reads: Reads | None = None, decided: Decided | None = None
+) -> Callable[[RewardFn], RewardFn]:
     """Register `fn` as `name`. `reads(params)`: the other nodes it looks at (see module doc);
-    None means the whole episode."""
-    return REWARDS.register(name, reads=reads)
+    None means the whole episode. `decided(text, task)`: see `early_check`."""
+    return REWARDS.register(name, reads=reads, decided=decided)
 
 
-def reward(*, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
+def early_check(name: str) -> Decided | None:
+    """The prefix verdict of reward `name`, or None if it has none (the `rollverify` rollout
+    policy stops a running sample once it holds).
+
+    `decided(text, task)` is True only when the reward of `text` as it stands equals the
+    reward of every continuation of it: the sample can stop here and be scored as it is
+    (a wrong number already written; a first integer already complete, for a reward that
+    reads only that). `text` is a response still being written, so its last word may be
+    cut: a check must only judge what cannot change (an integer followed by a non-digit)."""
+    return REWARDS.meta(name).get("decided")
+
+
+def reward(
+    *, reads: Reads | None = None, decided: Decided | None = None
+) -> Callable[[RewardFn], RewardFn]:
     """Declare what a reward of your own module reads, for `fn: my_module:my_reward`.
 
     ```python
@@ -135,7 +152,7 @@ def reward(*, reads: Reads | None = None) -> Callable[[RewardFn], RewardFn]:
     Without it a `module:attribute` reward sees, and waits for, the whole episode."""
 
     def deco(fn: RewardFn) -> RewardFn:
-        setattr(fn, META_ATTR, {"reads": reads})
+        setattr(fn, META_ATTR, {"reads": reads, "decided": decided})
         return fn
 
     return deco
@@ -201,14 +218,24 @@ def is_correct(text: str, task: TaskItem) -> bool:
 Correct = Callable[[str, TaskItem], bool]
 
 
-def answer_reward(name: str, correct: Correct, doc: str) -> RewardFn:
-    """Register `name`: 1 when `correct(response, task)`, else 0 (reads nothing else)."""
+def first_integer_written(text: str, task: TaskItem) -> bool:
+    """`is_correct`'s verdict cannot change: the first integer is complete (a character
+    that is not a digit follows it), whatever comes after."""
+    m = _INT.search(text)
+    return m is not None and m.end() < len(text)
+
+
+def answer_reward(
+    name: str, correct: Correct, doc: str, decided: Decided | None = None
+) -> RewardFn:
+    """Register `name`: 1 when `correct(response, task)`, else 0 (reads nothing else);
+    `decided`: its prefix verdict (`early_check`)."""
 
     def fn(sample: SampleView, episode: EpisodeView, task: TaskItem, **_: Any) -> float:
         return float(correct(sample.text, task))
 
     fn.__name__, fn.__qualname__, fn.__doc__ = name, name, doc
-    return register_reward(name, reads=_nothing)(fn)
+    return register_reward(name, reads=_nothing, decided=decided)(fn)
 
 
 def verdict_reward(name: str, correct: Correct, doc: str) -> RewardFn:
@@ -232,7 +259,10 @@ def verdict_reward(name: str, correct: Correct, doc: str) -> RewardFn:
 
 
 exact_answer = answer_reward(
-    "exact_answer", is_correct, "1 if the first integer of the response equals the reference."
+    "exact_answer",
+    is_correct,
+    "1 if the first integer of the response equals the reference.",
+    decided=first_integer_written,
 )
 verdict = verdict_reward(
     "verdict",

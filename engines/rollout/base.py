@@ -19,6 +19,12 @@ grouped by episode, and once `quota` groups have every request finished (and eve
 `must_finish` too), the rest stop where they are, with finish_reason "partial" and the tokens
 and logprobs they have so far. Both backends decide it after each decode step, so the cut is
 a function of the tokens drawn, never of wall-clock time: a re-run cuts at the same place.
+
+A `Watch` stops single requests instead (the `rollverify` and `darts` rollout policies):
+each running request is shown to `watch.stop(i, tokens)` every `watch.every` tokens and
+after every decode step in which a request of the batch ended (`watch.finish(i)`); one it
+stops comes back with the tokens it has and finish_reason `watch.reason`. Also decided
+from the tokens alone, so a re-run stops the same requests at the same tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from meg.registry import Registry
 if TYPE_CHECKING:  # the driver imports this module (errors, SamplingParams) and never torch
     from torch import Tensor
 
-FINISH_REASONS = ("stop", "length", "partial")
+FINISH_REASONS = ("stop", "length", "partial", "verified", "dropped")
 
 
 class RolloutError(Exception):
@@ -150,6 +156,31 @@ class CutTracker:
         )
 
 
+@runtime_checkable
+class Watch(Protocol):
+    """Stops single requests of a batch before they end (see the module docstring). With a
+    watch every prompt is one request (`SamplingParams.n == 1`): request i is prompt i."""
+
+    every: int  # tokens between two looks at a running request
+    reason: str  # the finish_reason of a request it stopped
+
+    def finish(self, i: int) -> None:
+        """Request i ended on its own (a stop token or its budget)."""
+
+    def stop(self, i: int, tokens: Sequence[int]) -> bool:
+        """Request i is running with `tokens` so far: stop it now?"""
+        ...
+
+
+def check_watch(watch: Watch, cut: Cut | None, params: SamplingParams) -> None:
+    if cut is not None:
+        raise BadRequestError("a batch takes a Cut or a Watch, not both")
+    if params.n != 1:
+        raise BadRequestError(f"a Watch needs one request per prompt (n=1), got n={params.n}")
+    if watch.every < 1 or watch.reason not in FINISH_REASONS:
+        raise BadRequestError(f"Watch.every must be >= 1 and reason one of {FINISH_REASONS}")
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterServing:
     """What an engine must know up front to serve LoRA adapters on its base: how many
@@ -184,9 +215,11 @@ class RolloutBackend(Protocol):
         params: SamplingParams,
         adapter: str | None = None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         """Return completions indexed [prompt][sample] (len(prompts) × params.n); with a
-        `cut`, requests still running when it is reached come back "partial"."""
+        `cut`, requests still running when it is reached come back "partial"; with a
+        `watch`, those it stops come back with `watch.reason`."""
         ...
 
     def load_adapter(self, name: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:

@@ -33,10 +33,12 @@ from engines.rollout.base import (
     Cut,
     CutTracker,
     SamplingParams,
+    Watch,
     base_weights,
     budget,
     check_model_dir,
     check_prompts,
+    check_watch,
     check_weights,
     register_backend,
 )
@@ -129,16 +131,23 @@ class HFBackend:
         params: SamplingParams,
         adapter: str | None = None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         check_prompts(prompts, self._context, self._vocab)
         if cut is not None:
             cut.check(len(prompts), params)
+        if watch is not None:
+            check_watch(watch, cut, params)
         with self._using(adapter):
-            return self._sample(prompts, params, cut) if prompts else []
+            return self._sample(prompts, params, cut, watch) if prompts else []
 
     @torch.no_grad()
     def _sample(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, cut: Cut | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         rows = [list(p) for p in prompts for _ in range(params.n)]  # R = P * n
         budgets = [
@@ -173,7 +182,8 @@ class HFBackend:
         # how often the host looks at `done`: every token where a cut must stop at its exact
         # token, else `sync_every` (the rows that finished meanwhile decode a few tokens
         # that are never kept)
-        every = 1 if tracker is not None else self.sync_every
+        every = 1 if tracker is not None or watch is not None else self.sync_every
+        stopped_by = torch.zeros(n, dtype=torch.bool, device=dev)  # (R,) a watch stopped it
         for t in range(width):
             processed = processed_logits(logits, params.temperature, params.top_p)  # (R, V)
             logp = torch.log_softmax(processed, dim=-1)  # (R, V) the sampling distribution
@@ -184,11 +194,15 @@ class HFBackend:
             length += live
             ends = live & (tok == stop_ids).any(-1)  # (R,)
             stopped |= ends
-            before = done.clone() if tracker is not None else done
+            before = done.clone() if tracker is not None or watch is not None else done
             done |= ends | (length >= limit)
             if tracker is not None:
                 for r in (done & ~before).nonzero().flatten().tolist():
                     tracker.finish(r)
+            if watch is not None:
+                halt = self._watch_step(watch, t, tok_cols, done, before, length)
+                stopped_by[halt] = True
+                done[halt] = True
             if (t + 1) % every == 0 and (
                 bool(done.all()) or (tracker is not None and tracker.reached())
             ):
@@ -209,15 +223,43 @@ class HFBackend:
         sampled = torch.stack(tok_cols, 1).tolist()
         logprobs = torch.stack(lp_cols, 1).tolist()
         kept, ended, finished = length.tolist(), stopped.tolist(), done.tolist()
+        watched = stopped_by.tolist()
         comps = [
             Completion(
                 tuple(sampled[r][: kept[r]]),
                 tuple(logprobs[r][: kept[r]]),
-                "stop" if ended[r] else ("length" if finished[r] else unfinished),
+                "stop"
+                if ended[r]
+                else (
+                    watch.reason
+                    if watched[r] and watch is not None
+                    else ("length" if finished[r] else unfinished)
+                ),
             )
             for r in range(n)
         ]
         return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _watch_step(
+        watch: Watch, t: int, tok_cols: list[Tensor], done: Tensor, before: Tensor, length: Tensor
+    ) -> list[int]:
+        """Rows a watch stops after decode step t (see `base.Watch`): it hears of the rows
+        that ended, then looks at every running row each `watch.every` tokens and after a
+        step in which a row ended. Costs a host round trip only when it looks."""
+        ended = (done & ~before).nonzero().flatten().tolist()
+        for r in ended:
+            watch.finish(r)
+        if (t + 1) % watch.every and not ended:
+            return []
+        live = (~done).nonzero().flatten().tolist()
+        if not live:
+            return []
+        sampled = torch.stack(tok_cols, 1)[live].tolist()
+        kept = length[live].tolist()
+        return [
+            r for r, toks, k in zip(live, sampled, kept, strict=True) if watch.stop(r, toks[:k])
+        ]
 
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, Tensor], version: int) -> None:

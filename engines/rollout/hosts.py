@@ -41,6 +41,7 @@ from engines.rollout.base import (
     RolloutBackend,
     RolloutError,
     SamplingParams,
+    Watch,
     make_backend,
 )
 
@@ -93,8 +94,9 @@ class Host:
         params: SamplingParams,
         agent: str | None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
-        return self.backend.generate(prompts, params, cut=cut)
+        return self.backend.generate(prompts, params, cut=cut, watch=watch)
 
     def generate(
         self,
@@ -102,16 +104,17 @@ class Host:
         params: SamplingParams,
         agent: str | None = None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         """Serialized per host (backends are not thread-safe); counts outstanding tokens.
         `agent` picks the adapter on a shared base (ignored by a full-weight host); `cut`
-        may stop the batch early (`engines.rollout.base.Cut`)."""
+        may stop the batch early, `watch` single requests (`engines.rollout.base`)."""
         est = len(prompts) * params.n * params.max_tokens
         self._add_outstanding(est)
         try:
             with self._lock:
                 self._check_open()
-                return self._generate(prompts, params, agent, cut)
+                return self._generate(prompts, params, agent, cut, watch)
         except HostCrashedError:
             self.crashed = True
             raise
@@ -174,10 +177,11 @@ class AdapterHost(Host):
         params: SamplingParams,
         agent: str | None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         loaded = self.adapters.get(agent) if agent is not None else None
         adapter = loaded[1] if loaded else None
-        return self.backend.generate(prompts, params, adapter=adapter, cut=cut)
+        return self.backend.generate(prompts, params, adapter=adapter, cut=cut, watch=watch)
 
 
 _HOSTS: dict[str, Host] = {}

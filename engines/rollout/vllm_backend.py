@@ -68,6 +68,7 @@ from engines.adapters import write_adapter
 from engines.devices import CPU_KV_CACHE_BYTES
 from engines.families import checkpoint_shapes, tied_aliases_from_config
 from engines.rollout.base import (
+    FINISH_REASONS,
     AdapterError,
     AdapterServing,
     Completion,
@@ -76,15 +77,37 @@ from engines.rollout.base import (
     HostCrashedError,
     RolloutError,
     SamplingParams,
+    Watch,
     base_weights,
     budget,
     check_model_dir,
     check_prompts,
+    check_watch,
     check_weights,
     config_max_positions,
     register_backend,
 )
 from engines.rollout.vllm_engines import ENGINES
+
+
+def watch_stops(
+    watch: Watch, latest: dict[int, Any], over: set[int], ended: bool, looked: dict[int, int]
+) -> list[int]:
+    """The running requests `watch` stops after this engine step: each is looked at once its
+    length passes the next multiple of `watch.every` (`looked`: the multiple it was last
+    looked at), and all of them after a step in which a request ended (what a group-level
+    rule waits for)."""
+    out = []
+    for i, c in latest.items():
+        if i in over:
+            continue
+        tokens = c.token_ids
+        due = len(tokens) // watch.every > looked.get(i, 0)
+        if due:
+            looked[i] = len(tokens) // watch.every
+        if (due or ended) and watch.stop(i, tokens):
+            out.append(i)
+    return out
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -271,18 +294,21 @@ class VLLMBackend:
         params: SamplingParams,
         adapter: str | None = None,
         cut: Cut | None = None,
+        watch: Watch | None = None,
     ) -> list[list[Completion]]:
         check_prompts(prompts, self._context, self._vocab)
         if cut is not None:
             cut.check(len(prompts), params)
+        if watch is not None:
+            check_watch(watch, cut, params)
         lora = None if adapter is None else self._lora(adapter)
         if not prompts:
             return []
         inputs: Any = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         sps = self.request_params(prompts, params)
         try:
-            if cut is not None:
-                return self._generate_cut(inputs, sps, cut, lora, params)
+            if cut is not None or watch is not None:
+                return self._generate_stepwise(inputs, sps, lora, params, cut, watch)
             outs = self.llm.generate(inputs, sps, use_tqdm=False, lora_request=lora)
         except RolloutError:
             raise
@@ -303,40 +329,63 @@ class VLLMBackend:
             result.append(comps)
         return result
 
-    def _generate_cut(
-        self, inputs: list[Any], sps: list[Any], cut: Cut, lora: Any, params: SamplingParams
+    def _generate_stepwise(
+        self,
+        inputs: list[Any],
+        sps: list[Any],
+        lora: Any,
+        params: SamplingParams,
+        cut: Cut | None,
+        watch: Watch | None,
     ) -> list[list[Completion]]:
-        """Drive the engine step by step and abort what is left once the cut is reached.
+        """Drive the engine step by step: abort what is left once a cut is reached, or the
+        single requests a watch stops.
 
         `LLM.generate` runs the same loop (`engine.step()` until no request is left); here
         each step's cumulative outputs are kept, so an aborted request returns the tokens and
         logprobs it had. Request ids are unique per call (`_REQUESTS`)."""
         engine = self.llm.llm_engine
-        tracker = CutTracker(cut)
-        ids = [f"flexmarl-cut-{next(_REQUESTS)}" for _ in inputs]
+        tracker = CutTracker(cut) if cut is not None else None
+        ids = [f"flexmarl-step-{next(_REQUESTS)}" for _ in inputs]
         index = {rid: i for i, rid in enumerate(ids)}
         for i, (rid, inp, sp) in enumerate(zip(ids, inputs, sps, strict=True)):
-            sp.max_tokens = cut.budget(i, len(inp["prompt_token_ids"]), params, self._context)
+            if cut is not None:
+                sp.max_tokens = cut.budget(i, len(inp["prompt_token_ids"]), params, self._context)
             engine.add_request(rid, inp, sp, lora_request=lora)
         latest: dict[int, Any] = {}
         finished: set[int] = set()
+        stopped: set[int] = set()
+        looked: dict[int, int] = {}
         while engine.has_unfinished_requests():
+            ended = False
             for out in engine.step():
                 i = index[out.request_id]
                 latest[i] = out.outputs[0]  # type: ignore[index]  # a RequestOutput: generation
                 if out.finished:
                     finished.add(i)
-                    tracker.finish(i)
-            if tracker.reached():
+                    ended = True
+                    if tracker is not None:
+                        tracker.finish(i)
+                    if watch is not None:
+                        watch.finish(i)
+            if tracker is not None and tracker.reached():
                 engine.abort_request([ids[i] for i in range(len(ids)) if i not in finished])
                 break
+            if watch is not None:
+                stop = watch_stops(watch, latest, finished | stopped, ended, looked)
+                if stop:
+                    engine.abort_request([ids[i] for i in stop])
+                    stopped.update(stop)
         result = []
         for i in range(len(ids)):
             c = latest.get(i)
             toks = tuple(int(t) for t in c.token_ids) if c is not None else ()
             lps = sampled_logprobs(c.logprobs, toks) if c is not None else ()
-            reason = str(c.finish_reason) if i in finished and c is not None else "partial"
-            if reason not in ("stop", "length", "partial"):
+            if i in stopped:
+                reason = watch.reason if watch is not None else "partial"
+            else:
+                reason = str(c.finish_reason) if i in finished and c is not None else "partial"
+            if reason not in FINISH_REASONS:
                 raise RolloutError(f"vLLM finished a request with {reason!r}")
             result.append([Completion(toks, lps, reason)])
         return result

@@ -23,8 +23,11 @@ def normaliser(mode: str, tokens: int, seqs: int) -> float:
     return unit / real
 
 
-def kept_rows(advantages: torch.Tensor, enabled: bool) -> torch.Tensor | None:
-    """The rows of a micro-batch whose advantage is not exactly 0, or None for all of them.
+def kept_rows(
+    advantages: torch.Tensor, enabled: bool, echo_mask: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """The rows of a micro-batch whose advantage is not exactly 0 or that carry an EchoRL
+    clip (`echo_mask`, whose NLL term has a gradient at any advantage), or None for all.
 
     Zero-advantage skipping: with a policy loss that is 0 at A = 0 and no KL term, such a
     row's per-token loss is 0 for every parameter value, so its gradient is exactly 0 — in
@@ -34,7 +37,10 @@ def kept_rows(advantages: torch.Tensor, enabled: bool) -> torch.Tensor | None:
     summation order of a smaller batch). The caller decides `enabled` (config, KL, loss)."""
     if not enabled:
         return None
-    keep = torch.nonzero(advantages != 0).flatten()
+    signal = advantages != 0
+    if echo_mask is not None:
+        signal = signal | (echo_mask.sum(dim=1) > 0)
+    keep = torch.nonzero(signal).flatten()
     return None if len(keep) == len(advantages) else keep
 
 
@@ -53,6 +59,7 @@ class Accum:
     parts: dict[int, tuple[int, int]] = field(default_factory=dict)
     skipped_tokens: int = 0  # response tokens of zero-advantage rows left out (counted above)
     skipped_seqs: int = 0
+    echo_tokens: int = 0  # response tokens under EchoRL's NLL term (loss.echo)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

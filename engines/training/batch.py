@@ -29,6 +29,7 @@ class TrainMicroBatch:
     old_logprobs: Tensor  # (b,T) float, behaviour logprobs, 0 off-response
     advantages: Tensor  # (b,) float
     ref_logprobs: Tensor | None = None  # (b,T) float, for a KL penalty
+    echo_mask: Tensor | None = None  # (b,T) float, 1 on EchoRL clip tokens (echo.py)
 
     @property
     def num_seqs(self) -> int:
@@ -42,6 +43,7 @@ class TrainMicroBatch:
     def rows(self, index: Tensor) -> TrainMicroBatch:
         """The sequences at `index` (a 1-D long tensor), padding as it is."""
         ref = None if self.ref_logprobs is None else self.ref_logprobs[index]
+        echo = None if self.echo_mask is None else self.echo_mask[index]
         return TrainMicroBatch(
             self.input_ids[index],
             self.attention_mask[index],
@@ -49,10 +51,12 @@ class TrainMicroBatch:
             self.old_logprobs[index],
             self.advantages[index],
             ref,
+            echo,
         )
 
     def to(self, device: str | torch.device) -> TrainMicroBatch:
         ref = None if self.ref_logprobs is None else self.ref_logprobs.to(device)
+        echo = None if self.echo_mask is None else self.echo_mask.to(device)
         return TrainMicroBatch(
             self.input_ids.to(device),
             self.attention_mask.to(device),
@@ -60,6 +64,7 @@ class TrainMicroBatch:
             self.old_logprobs.to(device),
             self.advantages.to(device),
             ref,
+            echo,
         )
 
 
@@ -70,8 +75,12 @@ def build_microbatch(
     advantages: Sequence[float],
     pad_id: int,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
+    echo_lengths: Sequence[int] | None = None,
 ) -> TrainMicroBatch:
     """Concatenate prompt + response per sample, right-pad to the longest, build the masks.
+
+    `echo_lengths[i]`: the first that many response tokens of sample i are an EchoRL clip
+    (`echo_mask`; None or all 0: no mask).
 
     Raises ValueError naming the sample when lengths disagree or a prompt is empty.
     """
@@ -83,6 +92,8 @@ def build_microbatch(
     }
     if ref_logprobs is not None:
         lists["ref_logprobs"] = ref_logprobs
+    if echo_lengths is not None:
+        lists["echo_lengths"] = echo_lengths
     for name, xs in lists.items():
         if len(xs) != b:
             raise ValueError(f"{name} has {len(xs)} entries but prompts has {b}")
@@ -98,6 +109,11 @@ def build_microbatch(
             )
         if ref_logprobs is not None and len(ref_logprobs[i]) != len(responses[i]):
             raise ValueError(f"sample {i}: ref_logprobs length differs from response length")
+        if echo_lengths is not None and not 0 <= echo_lengths[i] <= len(responses[i]):
+            raise ValueError(
+                f"sample {i}: echo clip of {echo_lengths[i]} tokens for a response of "
+                f"{len(responses[i])}"
+            )
     seq_len = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
     ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
     attn = torch.zeros((b, seq_len), dtype=torch.long)
@@ -113,7 +129,12 @@ def build_microbatch(
         if ref is not None and ref_logprobs is not None:
             ref[i, n_p : n_p + n_r] = torch.tensor(ref_logprobs[i], dtype=torch.float32)
     adv = torch.tensor(list(advantages), dtype=torch.float32)
-    return TrainMicroBatch(ids, attn, resp, old, adv, ref)
+    echo = None
+    if echo_lengths is not None and any(echo_lengths):
+        echo = torch.zeros((b, seq_len), dtype=torch.float32)
+        for i, (p, n_e) in enumerate(zip(prompts, echo_lengths, strict=True)):
+            echo[i, len(p) : len(p) + n_e] = 1.0
+    return TrainMicroBatch(ids, attn, resp, old, adv, ref, echo)
 
 
 # ---- token logprobs ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ class TrainConfig:
     old_logprobs: str = _LOSS.old_logprobs  # the PPO anchor (losses.ANCHORS)
     is_cap: float = _LOSS.is_cap  # truncation of the sampler-mismatch importance weight
     skip_zero_advantage: bool = _LOSS.skip_zero_advantage  # accum.kept_rows
+    echo_coef: float = 0.0  # EchoRL's NLL weight on clip tokens (loss.echo.coef; 0: off)
     temperature: float = _SAMPLING.temperature  # the agent's: logprobs of logits / T
     seed: int = 0
     dtype: str = "float32"  # compute + publication dtype; masters are MASTER_DTYPE
@@ -76,6 +77,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
         if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:
             raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
+        if self.echo_coef < 0:
+            raise ValueError(f"TrainConfig.echo_coef must be >= 0, got {self.echo_coef}")
         if self.temperature <= 0 or self.is_cap < 1:
             raise ValueError("TrainConfig: temperature must be > 0 and is_cap >= 1")
         if self.dual_clip is not None and self.dual_clip <= 1:
@@ -88,6 +91,8 @@ class TrainConfig:
         the sampling temperature, the dtype and the LoRA adapter (`lora:`)."""
         fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
         fields["betas"] = tuple(fields["betas"])
+        echo = fields.pop("echo")  # the clip choice is the driver's; the trainer weighs it
+        fields["echo_coef"] = 0.0 if echo is None else float(echo["coef"])
         lora = LoraConfig.from_json(None if agent.lora is None else agent.lora.model_dump())
         return cls(
             **fields,

@@ -214,7 +214,7 @@ class AgentTrainer:
         mb = mb.to(self.device)
         cfg = self.config
         full = mb
-        keep = kept_rows(mb.advantages, self._skips_zero_advantage)
+        keep = kept_rows(mb.advantages, self._skips_zero_advantage, mb.echo_mask)
         if keep is not None:
             mb = mb.rows(keep)
             acc.skipped_tokens += full.num_tokens - mb.num_tokens
@@ -254,6 +254,9 @@ class AgentTrainer:
                 kl_coef=cfg.kl_coef,
                 is_weights=is_weights,
             )
+            if mb.echo_mask is not None and cfg.echo_coef:  # EchoRL: NLL on the clip tokens
+                loss_tok = loss_tok - cfg.echo_coef * logp * mb.echo_mask
+                acc.echo_tokens += int(mb.echo_mask.sum())
             loss = aggregate(
                 loss_tok,
                 mb.response_mask,
@@ -344,6 +347,8 @@ class AgentTrainer:
             for p in self._names:  # a step of only zero-advantage rows: zero, not no, grads
                 if p.grad is None:  # (AdamW still moves its moments, as it would have)
                     p.grad = torch.zeros_like(p)
+        if self.config.echo_coef:  # of the step's response tokens, those under EchoRL's NLL
+            metrics["echo_frac"] = acc.echo_tokens / max(acc.tokens, 1)
         skipped = not (acc.finite and math.isfinite(norm))
         if skipped:
             self.skipped_steps += 1

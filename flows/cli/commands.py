@@ -246,6 +246,7 @@ def train_cmd(args: argparse.Namespace) -> int:
             f"{r['offpolicy_frac']:.1%} of trained tokens off-policy, "
             f"{r['thrown_away_tokens']} thrown away at the end, "
             f"{r['skipped_prompts']} prompts skipped"
+            + (f", {r['replayed_prompts']} replayed" if r.get("replayed_prompts") else "")
         )
     return 0
 

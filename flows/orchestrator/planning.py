@@ -15,12 +15,15 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
+from flows.orchestrator.bandit import BanditSelector
 from flows.orchestrator.selection import Selector
 from meg import MEGSpec, ScoreGroup, score_groups
 from tasks.context import RunContext
 from tasks.refs import Episode, episode_id
-from workloads.datasets import Splits, batch_for_step, load_dataset
+from workloads.datasets import Splits, TaskItem, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
+
+SELECTORS: dict[str, Any] = {"bandit": BanditSelector}  # the rest: GRESO's `Selector`
 
 
 class EpisodePlanner:
@@ -41,7 +44,9 @@ class EpisodePlanner:
         self.on_select = on_select
         self._planned: dict[int, list[tuple[Episode, ...]]] = {}
         self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
-        self.selector = Selector(ctx, window, self._task_of.get)
+        self.selector = SELECTORS.get(self.select.policy, Selector)(
+            ctx, window, self._task_of.get, self.item_of
+        )
         if self.select.needs_history:  # re-plan the steps before a resume: same choices
             for s in range(start_step):
                 self.planned(s)
@@ -59,9 +64,18 @@ class EpisodePlanner:
         mbs = [tuple(eps[starts[j] : starts[j + 1]]) for j in range(self.m)]
         if self.select.needs_history:
             mbs, ref = self.selector.select(k, mbs)
+            self._task_of.update((e, t.id) for eps in mbs for e, t in eps)  # replayed prompts
             self.on_select(ref)
         self._planned[k] = mbs
         return mbs
+
+    def item_of(self, task: str) -> TaskItem:
+        """The training task with id `task` (a bandit replays earlier prompts by id)."""
+        return self._items[task]
+
+    @cached_property
+    def _items(self) -> dict[str, TaskItem]:
+        return {t.id: t for t in self.splits.train}
 
     @cached_property
     def splits(self) -> Splits:

@@ -21,6 +21,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,7 @@ class SelectRef:
     step: int
     planned: int
     skipped: tuple[str, ...]  # task ids not rolled out
+    replayed: tuple[str, ...] = ()  # task ids rolled out in their place (bandit)
 
 
 def zero_variance_episodes(
@@ -61,10 +63,32 @@ def zero_variance_episodes(
     return out
 
 
+def episode_rows(ctx: RunContext, nodes: list[str], step: int) -> dict[str, tuple[bool, float]]:
+    """Per episode of `step`, from the store: whether it was informative (some rewarded
+    node's group got more than one reward) and its mean reward over those nodes' rows."""
+    st = MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
+    flat: dict[str, bool] = {}
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for node in nodes:
+        b = st.table(ctx.spec.nodes[node].agent).read(step=step, node=node)
+        for e, f in zero_variance_episodes(b.episode, b.group_id, b.reward).items():
+            flat[e] = flat.get(e, True) and f
+        for e, r in zip(b.episode.tolist(), b.reward.tolist(), strict=True):
+            if r == r:
+                rewards[e].append(r)
+    return {e: (not f, float(np.mean(rewards[e])) if rewards[e] else 0.0) for e, f in flat.items()}
+
+
 class Selector:
     """Plans which episodes of a step are rolled out; holds the per-task history."""
 
-    def __init__(self, ctx: RunContext, window: int, task_of: Callable[[str], str | None]) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        window: int,
+        task_of: Callable[[str], str | None],
+        item_of: Callable[[str], Any] | None = None,
+    ) -> None:
         self.ctx, self.window, self.task_of = ctx, window, task_of
         self.policy = ctx.spec.run.select
         self.nodes = [n for n in ctx.spec.nodes if n in ctx.spec.rewards]

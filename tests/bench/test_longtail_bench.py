@@ -22,6 +22,12 @@ KEYS = (
     "zero_adv_step_time_ratio",
     "all_three_step_time_ratio",
     "all_three_generated_tokens_ratio",
+    "rollverify_generated_tokens_ratio",
+    "rollverify_step_time_ratio",
+    "darts_generated_tokens_ratio",
+    "darts_step_time_ratio",
+    "echo_step_time_ratio",
+    "bandit_generated_tokens_ratio",
 )
 
 
@@ -43,6 +49,12 @@ def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
     for key in KEYS:
         assert math.isfinite(res[key]) and res[key] > 0 and res[key] == res["longtail"][key]
     assert math.isfinite(res["greso_reward_delta"]) and res["baseline_reward_spread"] == 0.0
+    for arm in ("rollverify", "darts", "echo", "bandit"):
+        assert math.isfinite(res[f"{arm}_reward_delta"])
+    # a count from seeded sampling, not a timing: the 2-step warm start writes a wrong number
+    # within a few tokens almost every time, and rollverify stops those samples there
+    assert res["rollverify_generated_tokens_ratio"] < 1.0
+    assert arms["rollverify"]["violations"] == arms["darts"]["violations"] == 0
     # skip_train_time_ratio / zero_adv_step_time_ratio (0.24 / 0.47 at full size) are
     # timings; what they come from is the share of rows at advantage 0, whose forward and
     # backward the skip drops (1.0 here: the 2-step warm start earns no reward), and that the

@@ -27,6 +27,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny model warm-started 30 steps on the long-tail format: it ends its lists at
+    varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut)."""
+    from flows.cli.main import main as cli
+
+    model = tmp_path_factory.mktemp("models") / "tiny-longtail"
+    assert cli(["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]) == 0
+    return str(model)
+
+
+@pytest.fixture(scope="session")
 def cluster(prefect_server: str) -> Iterator[str]:
     """Scheduler address of a local cluster started exactly as `flexmarl train` starts one."""
     from flows.cluster.start import ClusterConfig, dask_cluster

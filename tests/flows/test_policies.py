@@ -26,17 +26,6 @@ MAX_CARRY = 1
 APRIL = {"policy": "april", "over_provision": 1.0, "max_carry": MAX_CARRY}
 
 
-@pytest.fixture(scope="session")
-def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny model warm-started 30 steps on the long-tail format: it ends its lists at
-    varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut)."""
-    from flows.cli.main import main as cli
-
-    model = tmp_path_factory.mktemp("models") / "tiny-longtail"
-    assert cli(["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]) == 0
-    return str(model)
-
-
 def policy_config(
     tmp: Path, model: str, workload: str, *, backend: str | None = None, **run: Any
 ) -> Path:

@@ -10,7 +10,17 @@ import pytest
 import yaml
 
 from meg import MEGError, load_meg
-from meg.policies import AllPrompts, AprilRollout, FullRollout, GresoSelect, keep_draw
+from meg.policies import (
+    AllPrompts,
+    AprilRollout,
+    BanditSelect,
+    DartsRollout,
+    FullRollout,
+    GresoSelect,
+    RollVerify,
+    keep_draw,
+)
+from workloads.rewards import known_rewards
 
 KNOWN = ("exact_answer", "verdict")
 
@@ -53,8 +63,8 @@ def test_named_policies_load_with_their_parameters(base: dict[str, Any], tmp_pat
 @pytest.mark.parametrize(
     ("section", "value", "known"),
     [
-        ("rollout", {"policy": "partial"}, "'full', 'april'"),
-        ("select", {"policy": "grpo"}, "'all', 'greso'"),
+        ("rollout", {"policy": "partial"}, "'full', 'april', 'rollverify', 'darts'"),
+        ("select", {"policy": "grpo"}, "'all', 'greso', 'bandit'"),
     ],
 )
 def test_unknown_policy_names_the_field_and_the_known_policies(
@@ -90,6 +100,9 @@ def test_a_parameter_of_another_policy_names_the_field(
     [
         ({"policy": "april", "over_provision": 0.0}, "over_provision"),
         ({"policy": "april", "max_carry": 0}, "max_carry"),
+        ({"policy": "rollverify", "every": 0}, "every"),
+        ({"policy": "darts", "over_sample": 0.0}, "over_sample"),
+        ({"policy": "darts", "max_carry": 1}, "max_carry"),
     ],
 )
 def test_out_of_range_parameters_name_the_field(
@@ -180,3 +193,58 @@ def test_a_policy_block_without_its_name_says_what_is_missing(
     err = refused(base, tmp_path)
     assert err.field == f"run.{section}"
     assert "`policy:` is missing" in str(err) and known in str(err)
+
+
+def test_rollverify_and_darts_load_and_say_what_they_stop(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    base["run"] = {"rollout": {"policy": "rollverify", "every": 2}}
+    rollout = load(base, tmp_path).run.rollout
+    assert rollout == RollVerify(policy="rollverify", every=2)
+    assert rollout.verifies and not rollout.carries and rollout.samples(4) == 4
+    base["run"] = {"rollout": {"policy": "darts"}}
+    rollout = load(base, tmp_path).run.rollout
+    assert rollout == DartsRollout(policy="darts", over_sample=0.5)
+    assert not rollout.verifies and not rollout.carries
+    assert [rollout.samples(n) for n in (1, 2, 4, 8)] == [2, 3, 6, 12]
+    assert not FullRollout().verifies and FullRollout().samples(4) == 4
+
+
+def test_rollverify_needs_a_reward_that_judges_a_prefix(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Checked against the real registry: `exact_answer` can judge a prefix, `verdict`
+    cannot; a MEG whose only reward is `verdict` is refused, naming the ones that can."""
+    base["run"] = {"rollout": {"policy": "rollverify"}}
+    path = tmp_path / "meg.yaml"
+    path.write_text(yaml.safe_dump(base))
+    assert load_meg(path, known_rewards=known_rewards()).run.rollout.verifies
+    base["rewards"] = {"y": {"fn": "verdict", "params": {"target": "x"}}}
+    path.write_text(yaml.safe_dump(base))
+    with pytest.raises(MEGError) as ei:
+        load_meg(path, known_rewards=known_rewards())
+    assert ei.value.field == "run.rollout"
+    assert "no node's reward can judge a prefix" in str(ei.value)
+    assert "rewards that can: exact_answer" in str(ei.value)
+
+
+def test_a_misspelt_echo_field_names_itself(base: dict[str, Any], tmp_path: Path) -> None:
+    base["agents"]["a"]["loss"] = {"echo": {"coeff": 0.01}}
+    err = refused(base, tmp_path)
+    assert err.field == "agents.a.loss.echo.coeff"
+    base["agents"]["a"]["loss"] = {"echo": True}
+    assert load(base, tmp_path).agents["a"].loss.echo.coef == 0.001
+
+
+def test_the_bandit_loads_and_a_misspelt_parameter_names_itself(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    base["run"] = {"select": {"policy": "bandit", "alpha": 0.5}}
+    select = load(base, tmp_path).run.select
+    assert select == BanditSelect(policy="bandit", alpha=0.5, replay=0.5, ridge=1.0)
+    assert select.needs_history
+    base["run"] = {"select": {"policy": "bandit", "replays": 0.5}}
+    err = refused(base, tmp_path)
+    assert err.field == "run.select.bandit.replays"
+    base["run"] = {"select": {"policy": "bandit", "replay": 1.5}}
+    assert refused(base, tmp_path).field == "run.select.bandit.replay"

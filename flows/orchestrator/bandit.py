@@ -1,0 +1,161 @@
+"""A contextual rollout bandit on the driver (`select: {policy: bandit}`): which prompts a
+step spends its rollouts on, learnt from the store's own history.
+
+The arm is a prompt; its context, what the run has seen of it (`features`): how often its
+episodes were *informative* (some rewarded node's group got more than one reward: a
+non-zero advantage, a gradient), its mean reward and how often it was seen. The payoff of
+rolling a prompt out is whether the episode was informative. A LinUCB (ridge regression of
+payoff on context, plus an uncertainty bonus `alpha · sqrt(xᵀA⁻¹x)`) scores every
+candidate: the step's planned prompts and the *replay pool* — earlier prompts that were
+informative at least once. Each micro-batch rolls out its best-scored candidates, as many
+as were planned, at most `replay` of them from the pool (a prompt at most once per step).
+A replayed prompt is rolled out afresh by the current policy: what is replayed is the
+prompt, never an old trajectory, so the consistency rule is untouched.
+
+Determinism, as for GRESO (`selection.py`): step k is chosen from the history of the steps
+up to k - window, ingested in step order; ties keep the planned order. A resumed run
+re-plans its earlier steps from the same committed history to the same choices.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from flows.orchestrator.selection import SelectRef, episode_rows
+from meg.policies import BanditSelect
+from tasks.context import RunContext
+from tasks.refs import Episode
+from workloads.datasets import TaskItem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TaskStats:
+    seen: int = 0
+    informative: int = 0
+    reward_sum: float = 0.0
+
+
+def features(s: TaskStats) -> np.ndarray:
+    """The context of a prompt: [1, informative rate, mean reward, its square (both ends
+    of the reward range are flat), 1/(1 + times seen)]; an unseen prompt is [1, 0, 0, 0, 1]."""
+    rate = s.informative / s.seen if s.seen else 0.0
+    mean = s.reward_sum / s.seen if s.seen else 0.0
+    return np.array([1.0, rate, mean, mean * mean, 1.0 / (1.0 + s.seen)])
+
+
+class LinUCB:
+    """Ridge regression of payoff on context with an upper-confidence bonus (Li et al. 2010)."""
+
+    def __init__(self, dim: int, ridge: float, alpha: float) -> None:
+        self.a = ridge * np.eye(dim)
+        self.b = np.zeros(dim)
+        self.alpha = alpha
+
+    def update(self, x: np.ndarray, payoff: float) -> None:
+        self.a += np.outer(x, x)
+        self.b += payoff * x
+
+    def scores(self, xs: np.ndarray) -> np.ndarray:
+        """(n, d) contexts → (n,) θᵀx + α·sqrt(xᵀA⁻¹x)."""
+        inv = np.linalg.inv(self.a)
+        theta = inv @ self.b
+        bonus = np.sqrt(np.einsum("nd,de,ne->n", xs, inv, xs))
+        return xs @ theta + self.alpha * bonus
+
+
+def choose(
+    planned: list[str], pool: list[str], score: dict[str, float], replay: int
+) -> list[tuple[int, str]]:
+    """The micro-batch's rollouts: as many as `planned`, the best-scored of planned and
+    pool, at most `replay` from the pool. Returns (slot, task) pairs: a planned task keeps
+    its slot; a replayed one takes the slot of a planned task it displaced (in order)."""
+    ranked = sorted(
+        [(-score[t], 0, i, t) for i, t in enumerate(planned)]
+        + [(-score[t], 1, i, t) for i, t in enumerate(pool)],
+    )
+    kept_planned: list[int] = []
+    replayed: list[str] = []
+    for _, from_pool, i, t in ranked:
+        if len(kept_planned) + len(replayed) == len(planned):
+            break
+        if from_pool:
+            if len(replayed) < replay:
+                replayed.append(t)
+        else:
+            kept_planned.append(i)
+    free = [i for i in range(len(planned)) if i not in kept_planned]
+    return sorted([(i, planned[i]) for i in kept_planned] + list(zip(free, replayed, strict=False)))
+
+
+class BanditSelector:
+    """Plans which prompts a step rolls out (the `Selector` interface of `selection.py`)."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        window: int,
+        task_of: Callable[[str], str | None],
+        item_of: Callable[[str], TaskItem],
+    ) -> None:
+        assert isinstance(ctx.spec.run.select, BanditSelect)
+        self.ctx, self.window, self.task_of, self.item_of = ctx, window, task_of, item_of
+        self.policy = ctx.spec.run.select
+        self.nodes = [n for n in ctx.spec.nodes if n in ctx.spec.rewards]
+        self.stats: dict[str, TaskStats] = {}
+        self.ucb = LinUCB(len(features(TaskStats())), self.policy.ridge, self.policy.alpha)
+        self.ingested = -1
+
+    def ingest(self, upto: int) -> None:
+        """Learn from every step up to `upto` not read yet: each episode's context (its
+        prompt's stats before it) and payoff (informative or not), then its stats."""
+        for s in range(self.ingested + 1, upto + 1):
+            for episode, (informative, reward) in episode_rows(self.ctx, self.nodes, s).items():
+                task = self.task_of(episode)
+                if task is None:
+                    continue
+                st = self.stats.setdefault(task, TaskStats())
+                self.ucb.update(features(st), float(informative))
+                st.seen += 1
+                st.informative += int(informative)
+                st.reward_sum += reward
+        self.ingested = max(self.ingested, upto)
+
+    def select(
+        self, k: int, planned: list[tuple[Episode, ...]]
+    ) -> tuple[list[tuple[Episode, ...]], SelectRef]:
+        self.ingest(k - self.window)
+        if not self.stats:  # no history yet: the planned prompts as they are
+            return planned, SelectRef(k, sum(map(len, planned)), ())
+        in_step = {item.id for eps in planned for _, item in eps}
+        pool = sorted(t for t, s in self.stats.items() if s.informative and t not in in_step)
+        candidates = sorted(in_step) + pool
+        xs = np.stack([features(self.stats.get(t, TaskStats())) for t in candidates])
+        score = dict(zip(candidates, self.ucb.scores(xs).tolist(), strict=True))
+        out, skipped, replayed = [], [], []
+        for eps in planned:
+            cap = int(self.policy.replay * len(eps))
+            chosen = choose([item.id for _, item in eps], pool, score, cap)
+            pool = [t for t in pool if t not in {t for _, t in chosen}]  # once per step
+            kept = []
+            for slot, task in chosen:
+                eid, item = eps[slot]
+                if task != item.id:
+                    skipped.append(item.id)
+                    replayed.append(task)
+                    item = self.item_of(task)
+                kept.append((eid, item))
+            out.append(tuple(kept))
+        if replayed:
+            log.info(
+                "step %d: %d planned prompts replaced by earlier informative ones (%s)",
+                k,
+                len(replayed),
+                ", ".join(replayed[:8]),
+            )
+        return out, SelectRef(k, sum(map(len, planned)), tuple(skipped), tuple(replayed))
