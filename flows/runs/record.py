@@ -10,6 +10,7 @@ The data itself lives in the MEG Store (by default `<run_dir>/store`), the state
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -69,8 +70,13 @@ class Run:
         }
 
     def save(self) -> None:
+        """Write run.json whole or not at all (a temporary file renamed over it): a run
+        killed while writing it, or a reader polling it, never sees half a record, which
+        `--resume` could not read."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "run.json").write_text(json.dumps(self.record(), indent=2))
+        tmp = self.dir / "run.json.tmp"
+        tmp.write_text(json.dumps(self.record(), indent=2))
+        os.replace(tmp, self.dir / "run.json")
 
 
 def default_store(run_dir: Path) -> str:

@@ -16,6 +16,7 @@ import yaml
 from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
+from storage.errors import StoreError
 from storage.schema import SegmentKey
 from storage.store import MEGStore
 from tests.flows.conftest import kill_cli_train_when, write_config
@@ -182,10 +183,12 @@ def test_april_run_killed_with_partial_samples_resumes_and_continues_them(
     pending: list[tuple[int, int, list[str]]] = []
 
     def partial_not_continued() -> bool:
-        if not (run_dir / "run.json").exists():
+        try:
+            rec = json.loads((run_dir / "run.json").read_text())
+            store = MEGStore.open(rec["store_url"], rec["run_id"], create=False)
+        except (FileNotFoundError, StoreError):  # the run has not made its record or store yet
             return False
-        rec = json.loads((run_dir / "run.json").read_text())
-        table = MEGStore.open(rec["store_url"], rec["run_id"], create=False).table("counter")
+        table = store.table("counter")
         for info in table.segments(kind="carry"):
             k, j = info.step, info.micro_batch
             if k >= 3 or table.has_segment(SegmentKey(k + 1, j, "count")):

@@ -72,3 +72,27 @@ def test_a_directory_taken_between_check_and_prepare_is_refused(
     (tmp_path / "run" / "run.json").write_text("{}")  # another run took the directory
     with pytest.raises(RunError, match="already holds a run"):
         prepare(params)
+
+
+def test_a_save_that_dies_midway_leaves_the_record_it_had(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.json is replaced whole: a run killed while rewriting it (continued to more
+    steps) still resumes from the record before, never from half a file."""
+    spec = load_config(str(write_config(tmp_path, tiny_model)))
+    run_dir = tmp_path / "run"
+    ctx = RunContext("r1", default_store(run_dir), spec)
+    Run(run_dir, ctx, {"steps": "meg"}).save()
+    before = (run_dir / "run.json").read_text()
+
+    def dies(self: Path, text: str) -> int:  # the write is cut off after half the text
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise OSError("killed mid-write")
+
+    monkeypatch.setattr(Path, "write_text", dies)
+    with pytest.raises(OSError, match="mid-write"):
+        Run(run_dir, ctx, {"steps": "cli"}).save()
+    monkeypatch.undo()
+    assert (run_dir / "run.json").read_text() == before
+    assert load_run(run_dir).sources == {"steps": "meg"}
