@@ -169,6 +169,7 @@ def sample(
         None if reward is None else early_check(reward.fn),
         [items[plan.episode] for plan in plans],
         lambda ids: tok.decode(list(ids), skip_special_tokens=True),  # as the score reads it
+        getattr(tok, "backend_tokenizer", None),  # fast tokenizers: incremental decoding
     )
     if chosen is None:
         return host.generate(prompts, params, agent), 0

@@ -25,19 +25,38 @@ from workloads.rewards import Decided
 
 @dataclass
 class Verify:
-    """Stop request i once `decided(its text so far, its task)`."""
+    """Stop request i once `decided(its text so far, its task)`.
+
+    Decoding a request's whole response at every look costs O(L²/every) over a response of
+    L tokens — minutes per batch at reasoning lengths. With a fast tokenizer (`backend`: its
+    `tokenizers.Tokenizer`), each request's text is kept up to date by a `DecodeStream`
+    (each token decoded once), and only a verdict of "decided" is confirmed on the full
+    decode, the one the score reads: a stop is exact, and costs one full decode."""
 
     decided: Decided
     tasks: Sequence[TaskItem]  # per request
     decode: Callable[[Sequence[int]], str]
     every: int
+    backend: Any = None  # a `tokenizers.Tokenizer`, or None: full decodes only
     reason: str = "verified"
+    _texts: dict[int, tuple[Any, int, str]] = field(default_factory=dict)
 
     def finish(self, i: int) -> None:
-        pass
+        self._texts.pop(i, None)
 
     def stop(self, i: int, tokens: Sequence[int]) -> bool:
-        return bool(self.decided(self.decode(tokens), self.tasks[i]))
+        task = self.tasks[i]
+        if self.backend is None:
+            return bool(self.decided(self.decode(tokens), task))
+        from tokenizers.decoders import DecodeStream
+
+        stream, fed, text = self._texts.get(i) or (DecodeStream(skip_special_tokens=True), 0, "")
+        for t in tokens[fed:]:
+            text += stream.step(self.backend, int(t)) or ""
+        self._texts[i] = (stream, len(tokens), text)
+        if not self.decided(text, task):  # the stream's text may lag a few bytes behind
+            return False
+        return bool(self.decided(self.decode(tokens), task))
 
 
 @dataclass
@@ -97,15 +116,16 @@ def watch_for(
     decided: Decided | None,
     tasks: Sequence[TaskItem],
     decode: Callable[[Sequence[int]], str],
+    backend: Any = None,
 ) -> tuple[Watch, int] | None:
     """The watch a node's generate task samples under, and the responses each of its groups
     launches; None when the rollout policy stops no single request at this node (`full`,
     `april`, or `rollverify` at a node whose reward cannot judge a prefix). `tasks`: the task
-    of each prompt (invocation)."""
+    of each prompt (invocation); `decode`, `backend`: see `Verify`."""
     launched = policy.samples(n)
     if launched > n:
         return KeepFirst([i // launched for i in range(len(tasks) * launched)], keep=n), launched
     if policy.verifies and decided is not None:
         per_request = [t for t in tasks for _ in range(n)]
-        return Verify(decided, per_request, decode, every=policy.every), n
+        return Verify(decided, per_request, decode, every=policy.every, backend=backend), n
     return None

@@ -69,3 +69,40 @@ def test_sample_watched_regroups_single_requests_per_prompt() -> None:
     # lengths 6 5 4 | 3 2 1, none dropped: the two shortest of each prompt, in sample order
     assert [[len(c.response_ids) for c in group] for group in out] == [[5, 4], [2, 1]]
     assert discarded == 6 + 3  # generated, not kept
+
+
+def test_verify_decodes_incrementally_and_decides_as_the_full_decode(tiny_model: str) -> None:
+    """With the fast tokenizer's backend, each token is decoded once and only a verdict of
+    "decided" is checked on the full decode: the stops are exactly those of judging the full
+    decode of every prefix, with one full decode per stop."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    full_decodes = []
+
+    def decode(ids: object) -> str:
+        full_decodes.append(1)
+        return tok.decode(list(ids), skip_special_tokens=True)  # type: ignore[call-overload]
+
+    def has_digit_then_more(text: str, task: TaskItem) -> bool:
+        return any(c.isdigit() for c in text[:-1])
+
+    rng = random.Random(0)
+    rows = [[rng.randrange(len(tok)) for _ in range(40)] for _ in range(6)]
+    fast = Verify(
+        has_digit_then_more, [TASKS[0]] * 6, decode, every=1, backend=tok.backend_tokenizer
+    )
+    slow = Verify(has_digit_then_more, [TASKS[0]] * 6, decode, every=1)
+    stops = 0
+    for i, row in enumerate(rows):
+        for n in range(1, len(row) + 1):
+            full_decodes.clear()
+            stop = fast.stop(i, row[:n])
+            assert len(full_decodes) == int(stop)  # a full decode only to confirm a stop
+            assert stop == slow.stop(i, row[:n]) == has_digit_then_more(decode(row[:n]), TASKS[0])
+            if stop:
+                stops += 1
+                break
+    assert stops > 0  # the rule did stop rows (and each stop was confirmed once)
