@@ -21,6 +21,10 @@ steps on a fresh default local cluster, interleaved `R` times:
   informative ones in place of others: as many episodes as planned).
 
 `--arms` runs a subset (the baseline always runs: every key is a ratio over it).
+`--heldout N` also evaluates each arm's final models on the workload's held-out split (each
+agent sampling as in training, N episodes a task): `heldout_team_reward` per arm and
+`<arm>_heldout_reward_delta` (paired by seed) — the reward comparison that does not depend
+on which prompts or responses an arm chose to train on.
 
 The dataset is cut to `--train-size` tasks (default 2 × episodes per step) in every arm, so
 prompts recur and GRESO has a history to select from. Repeat r runs every arm with run seed r
@@ -56,20 +60,17 @@ import os
 import platform
 import statistics
 import tempfile
-from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import date
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
-from rich.console import Console
-from rich.table import Table
 
 from bench.common import train_run, write_results
 from bench.e2e import steady_state
+from bench.longtail_report import ratios, render
 from flows.cli.main import main as cli
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from storage.store import MEGStore
@@ -164,9 +165,23 @@ def root_agent(cfg: Path) -> str:
     return next(n["agent"] for n in data["nodes"].values() if not n.get("inputs"))
 
 
-def run_arm(cfg: Path, run_dir: Path, scheduler: str | None = None) -> dict[str, Any]:
+def heldout_reward(cfg: Path, run_dir: Path, repeats: int) -> float:
+    """The team reward of the run's final models on the held-out split, each agent sampling
+    as it does in training (`repeats` episodes per task): comparable across arms, unlike the
+    training reward, which is over the prompts (GRESO, bandit) or responses (DARTS) an arm
+    chose to train on."""
+    from flows.evaluate import EvalParams, evaluate
+
+    p = EvalParams(config=str(cfg), checkpoint=str(run_dir), sampling="policy", repeats=repeats)
+    return float(evaluate(p)["team_reward"])
+
+
+def run_arm(
+    cfg: Path, run_dir: Path, scheduler: str | None = None, heldout: int = 0
+) -> dict[str, Any]:
     """One arm's run on a fresh cluster (its models loaded afresh, as every other arm's),
-    or on `scheduler` (--small: the test suite checks keys, never timings)."""
+    or on `scheduler` (--small: the test suite checks keys, never timings); `heldout`
+    episodes per held-out task afterwards (0: none)."""
     if scheduler is not None:
         out = train_run(cfg, run_dir, scheduler)
     else:
@@ -176,85 +191,31 @@ def run_arm(cfg: Path, run_dir: Path, scheduler: str | None = None) -> dict[str,
     st = steady_state(out, run_dir)
     rewards = [r["team_reward"] for r in out["per_step"]]
     root = root_agent(cfg)
-    return {
-        "step_s": st["step_s"],
-        "rollout_s": round(  # the root agent's generate tasks, steps >= 1 (0 loads models)
-            sum(
-                t["end"] - t["start"]
-                for t in tasks
-                if t["phase"] == "generate" and t["agent"] == root and t["step"] >= 1
+    return (
+        {
+            "step_s": st["step_s"],
+            "rollout_s": round(  # the root agent's generate tasks, steps >= 1 (0 loads models)
+                sum(
+                    t["end"] - t["start"]
+                    for t in tasks
+                    if t["phase"] == "generate" and t["agent"] == root and t["step"] >= 1
+                ),
+                3,
             ),
-            3,
-        ),
-        "train_s": round(
-            sum(t["end"] - t["start"] for t in tasks if t["phase"] == "train_micro_batch"), 3
-        ),
-        "decode_tokens_per_step": statistics.mean(r["decode_tokens"] for r in out["per_step"]),
-        "thrown_away_tokens": out["rollout"]["thrown_away_tokens"],
-        "offpolicy_frac": out["rollout"]["offpolicy_frac"],
-        "skipped_prompts": out["rollout"]["skipped_prompts"],
-        "replayed_prompts": out["rollout"]["replayed_prompts"],
-        "zero_adv_fraction": zero_adv_fraction(out),
-        "team_reward_last3": round(statistics.mean(rewards[-3:]), 4),
-        "violations": st["violations"],
-    }
-
-
-def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """The issue's keys: each policy over the baseline (medians over repeats)."""
-    base = arms["baseline"]
-
-    def over(arm: str, key: str) -> float:
-        return round(arms[arm][key] / base[key], 4)
-
-    def paired(arm: str) -> float:  # the arm against the baseline of the same seed
-        return round(
-            statistics.median(
-                a["team_reward_last3"] - b["team_reward_last3"]
-                for a, b in zip(arms[arm]["repeats"], base["repeats"], strict=True)
+            "train_s": round(
+                sum(t["end"] - t["start"] for t in tasks if t["phase"] == "train_micro_batch"), 3
             ),
-            4,
-        )
-
-    spread = [r["team_reward_last3"] for r in base["repeats"]]
-    keys: dict[str, dict[str, Callable[[], float]]] = {
-        "april": {
-            "april_step_time_ratio": lambda: over("april", "step_s"),
-            "april_rollout_time_ratio": lambda: over("april", "rollout_s"),
-        },
-        "april_c4": {
-            "april_c4_step_time_ratio": lambda: over("april_c4", "step_s"),
-            "april_c4_rollout_time_ratio": lambda: over("april_c4", "rollout_s"),
-        },
-        "greso": {
-            "greso_generated_tokens_ratio": lambda: over("greso", "decode_tokens_per_step"),
-            "greso_reward_delta": lambda: paired("greso"),
-        },
-        "zero_adv": {
-            "skip_train_time_ratio": lambda: over("zero_adv", "train_s"),
-            "zero_adv_step_time_ratio": lambda: over("zero_adv", "step_s"),
-        },
-        "all_three": {
-            "all_three_step_time_ratio": lambda: over("all_three", "step_s"),
-            "all_three_generated_tokens_ratio": lambda: over("all_three", "decode_tokens_per_step"),
-        },
-        **{
-            arm: {
-                f"{arm}_generated_tokens_ratio": partial(over, arm, "decode_tokens_per_step"),
-                f"{arm}_step_time_ratio": partial(over, arm, "step_s"),
-                f"{arm}_reward_delta": partial(paired, arm),
-            }
-            for arm in ("rollverify", "darts", "echo", "bandit")
-        },
-    }
-    out = {
-        "baseline_reward_spread": round(max(spread) - min(spread), 4),
-        "zero_adv_fraction": base["zero_adv_fraction"],
-    }
-    for arm, fns in keys.items():
-        if arm in arms:
-            out |= {k: fn() for k, fn in fns.items()}
-    return out
+            "decode_tokens_per_step": statistics.mean(r["decode_tokens"] for r in out["per_step"]),
+            "thrown_away_tokens": out["rollout"]["thrown_away_tokens"],
+            "offpolicy_frac": out["rollout"]["offpolicy_frac"],
+            "skipped_prompts": out["rollout"]["skipped_prompts"],
+            "replayed_prompts": out["rollout"]["replayed_prompts"],
+            "zero_adv_fraction": zero_adv_fraction(out),
+            "team_reward_last3": round(statistics.mean(rewards[-3:]), 4),
+            "violations": st["violations"],
+        }
+        | ({"heldout_team_reward": heldout_reward(cfg, run_dir, heldout)} if heldout else {})
+    )
 
 
 def run(
@@ -267,6 +228,7 @@ def run(
     train_size: int | None = None,
     shared_cluster: bool = False,
     arms_run: tuple[str, ...] = ARMS,
+    heldout: int = 0,
 ) -> dict[str, Any]:
     size = train_size or 2 * episodes
     results: dict[str, Any] = {
@@ -278,6 +240,7 @@ def run(
         "train_size": size,
         "repeats": repeats,
         "arms": list(arms_run),
+        "heldout_repeats": heldout,
         "workloads": list(workloads),
         "april": APRIL,
         "april_c4": APRIL_C4,
@@ -296,7 +259,8 @@ def run(
                 for arm in arms_run:
                     cfg = config_copy(w, arm, models[w], work, steps, episodes, size, seed=rep)
                     address = None if shared is None else shared.address
-                    runs[arm].append(run_arm(cfg, work / f"{w}-{arm}-{rep}", address))
+                    out = run_arm(cfg, work / f"{w}-{arm}-{rep}", address, heldout)
+                    runs[arm].append(out)
             arms = {
                 a: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]}
                 | {"repeats": rs}
@@ -305,52 +269,6 @@ def run(
             results[w] = {"arms": arms, **ratios(arms)}
     results |= {k: v for k, v in results[workloads[0]].items() if k != "arms"}
     return results
-
-
-def render(results: dict[str, Any]) -> None:
-    t = Table(
-        title=f"long-tail rollouts · {results['steps']} steps × {results['episodes_per_step']} "
-        f"episodes · median of {results['repeats']}"
-    )
-    cols = (
-        "workload",
-        "arm",
-        "step s",
-        "root rollout s",
-        "train s",
-        "gen tok/step",
-        "thrown away",
-        "off-policy",
-        "skipped",
-        "zero-adv",
-        "reward (last 3)",
-    )
-    for col in cols:
-        t.add_column(col, justify="left" if col in ("workload", "arm") else "right")
-    for w in results["workloads"]:
-        for arm, r in results[w]["arms"].items():
-            t.add_row(
-                w,
-                arm,
-                f"{r['step_s']:.2f}",
-                f"{r['rollout_s']:.2f}",
-                f"{r['train_s']:.1f}",
-                f"{r['decode_tokens_per_step']:.0f}",
-                f"{r['thrown_away_tokens']:.0f}",
-                f"{r['offpolicy_frac']:.3f}",
-                f"{r['skipped_prompts']:.0f}",
-                f"{r['zero_adv_fraction']:.2f}",
-                f"{r['team_reward_last3']:.3f}",
-            )
-    Console(width=160).print(t)
-    for w in results["workloads"]:
-        keys = {k: v for k, v in results[w].items() if k != "arms"}
-        print(
-            f"{w}: "
-            + ", ".join(
-                f"{k} {v:+.3f}" if "delta" in k else f"{k} {v:.3f}" for k, v in keys.items()
-            )
-        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -366,6 +284,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--train-size", type=int, help="tasks in the dataset (2 × episodes)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--arms", default=",".join(ARMS), help="a subset (the baseline always runs)")
+    p.add_argument(
+        "--heldout",
+        type=int,
+        default=0,
+        metavar="N",
+        help="evaluate each arm's final models on the held-out split, N episodes a task",
+    )
     p.add_argument("--json", default="bench/results/longtail.json")
     args = p.parse_args(argv)
     workloads = tuple(args.workloads.split(","))
@@ -382,7 +307,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         workloads = ("longtail",)
     with tempfile.TemporaryDirectory(prefix="flexmarl-longtail-") as tmp:
         results = run(
-            steps, episodes, repeats, warm, Path(tmp), workloads, args.train_size, args.small, arms
+            steps,
+            episodes,
+            repeats,
+            warm,
+            Path(tmp),
+            workloads,
+            args.train_size,
+            args.small,
+            arms,
+            args.heldout,
         )
     render(results)
     write_results(results, args.json)

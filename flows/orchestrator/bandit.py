@@ -5,7 +5,8 @@ The arm is a prompt; its context, what the run has seen of it (`features`): how 
 episodes were *informative* (some rewarded node's group got more than one reward: a
 non-zero advantage, a gradient), its mean reward and how often it was seen. The payoff of
 rolling a prompt out is whether the episode was informative. A LinUCB (ridge regression of
-payoff on context, plus an uncertainty bonus `alpha · sqrt(xᵀA⁻¹x)`) scores every
+payoff on context, plus an uncertainty bonus `alpha · sqrt(xᵀA⁻¹x)`), divided by the
+prompt's expected tokens (payoff per token: the long prompts are not free), scores every
 candidate: the step's planned prompts and the *replay pool* — earlier prompts that were
 informative at least once. Each micro-batch rolls out its best-scored candidates, as many
 as were planned, at most `replay` of them from the pool (a prompt at most once per step).
@@ -39,6 +40,7 @@ class TaskStats:
     seen: int = 0
     informative: int = 0
     reward_sum: float = 0.0
+    tokens: int = 0  # response tokens its episodes cost, summed
 
 
 def features(s: TaskStats) -> np.ndarray:
@@ -67,6 +69,15 @@ class LinUCB:
         theta = inv @ self.b
         bonus = np.sqrt(np.einsum("nd,de,ne->n", xs, inv, xs))
         return xs @ theta + self.alpha * bonus
+
+
+def expected_cost(stats: list[TaskStats]) -> np.ndarray:
+    """Expected tokens of an episode of each prompt: its own mean, or for a prompt never
+    seen the mean over those seen (1 with no history). The bandit ranks by expected payoff
+    per token: at the same episode count, a long prompt must teach more to be preferred."""
+    seen = [st.tokens / st.seen for st in stats if st.seen]
+    prior = float(np.mean(seen)) if seen else 1.0
+    return np.array([max(st.tokens / st.seen if st.seen else prior, 1.0) for st in stats])
 
 
 def choose(
@@ -115,7 +126,8 @@ class BanditSelector:
         """Learn from every step up to `upto` not read yet: each episode's context (its
         prompt's stats before it) and payoff (informative or not), then its stats."""
         for s in range(self.ingested + 1, upto + 1):
-            for episode, (informative, reward) in episode_rows(self.ctx, self.nodes, s).items():
+            rows = episode_rows(self.ctx, self.nodes, s)
+            for episode, (informative, reward, tokens) in rows.items():
                 task = self.task_of(episode)
                 if task is None:
                     continue
@@ -124,6 +136,7 @@ class BanditSelector:
                 st.seen += 1
                 st.informative += int(informative)
                 st.reward_sum += reward
+                st.tokens += tokens
         self.ingested = max(self.ingested, upto)
 
     def select(
@@ -135,8 +148,9 @@ class BanditSelector:
         in_step = {item.id for eps in planned for _, item in eps}
         pool = sorted(t for t, s in self.stats.items() if s.informative and t not in in_step)
         candidates = sorted(in_step) + pool
-        xs = np.stack([features(self.stats.get(t, TaskStats())) for t in candidates])
-        score = dict(zip(candidates, self.ucb.scores(xs).tolist(), strict=True))
+        stats = [self.stats.get(t, TaskStats()) for t in candidates]
+        ucb = self.ucb.scores(np.stack([features(st) for st in stats]))
+        score = dict(zip(candidates, (ucb / expected_cost(stats)).tolist(), strict=True))
         out, skipped, replayed = [], [], []
         for eps in planned:
             cap = int(self.policy.replay * len(eps))

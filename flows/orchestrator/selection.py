@@ -63,20 +63,30 @@ def zero_variance_episodes(
     return out
 
 
-def episode_rows(ctx: RunContext, nodes: list[str], step: int) -> dict[str, tuple[bool, float]]:
+def episode_rows(
+    ctx: RunContext, nodes: list[str], step: int
+) -> dict[str, tuple[bool, float, int]]:
     """Per episode of `step`, from the store: whether it was informative (some rewarded
-    node's group got more than one reward) and its mean reward over those nodes' rows."""
+    node's group got more than one reward), its mean reward over those nodes' rows, and the
+    response tokens of those rows (what rolling it out cost)."""
     st = MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
     flat: dict[str, bool] = {}
     rewards: dict[str, list[float]] = defaultdict(list)
+    tokens: dict[str, int] = defaultdict(int)
     for node in nodes:
         b = st.table(ctx.spec.nodes[node].agent).read(step=step, node=node)
         for e, f in zero_variance_episodes(b.episode, b.group_id, b.reward).items():
             flat[e] = flat.get(e, True) and f
-        for e, r in zip(b.episode.tolist(), b.reward.tolist(), strict=True):
+        for e, r, n in zip(
+            b.episode.tolist(), b.reward.tolist(), b.response_lengths.tolist(), strict=True
+        ):
+            tokens[e] += int(n)
             if r == r:
                 rewards[e].append(r)
-    return {e: (not f, float(np.mean(rewards[e])) if rewards[e] else 0.0) for e, f in flat.items()}
+    return {
+        e: (not f, float(np.mean(rewards[e])) if rewards[e] else 0.0, tokens[e])
+        for e, f in flat.items()
+    }
 
 
 class Selector:

@@ -68,3 +68,15 @@ def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
     # skip, only a prompt step 0 also drew (tasks are drawn with replacement: 1 of 4 here),
     # and with probability 0.5 (an all-zero reward): it skipped none here, ratio 1.0 (0.85 at
     # full size). The all-three ratios mix both.
+
+
+def test_longtail_bench_heldout_small(tmp_path: Path, prefect_server: str) -> None:
+    """`--heldout`: each arm's final models evaluated on held-out tasks, a paired delta."""
+    res = main(["--small", "--arms", "echo", "--heldout", "1", "--json", str(tmp_path / "h.json")])
+    arms = res["longtail"]["arms"]
+    assert set(arms) == {"baseline", "echo"} and res["heldout_repeats"] == 1
+    for arm in arms.values():
+        assert 0.0 <= arm["heldout_team_reward"] <= 1.0
+    delta = arms["echo"]["heldout_team_reward"] - arms["baseline"]["heldout_team_reward"]
+    assert res["echo_heldout_reward_delta"] == pytest.approx(delta, abs=1e-4)
+    assert res["baseline_heldout_reward"] == arms["baseline"]["heldout_team_reward"]

@@ -118,3 +118,11 @@ def test_no_history_changes_nothing_and_re_planning_gives_the_same_choices(
     assert replan.select(3, planned) == first
     fill(ctx, range(3, 4))  # the store runs ahead: step 3 is not history yet
     assert BanditSelector(ctx, 1, task_of.get, item).select(3, planned) == first
+
+
+def test_the_expected_cost_is_a_prompts_mean_tokens_or_the_mean_of_those_seen() -> None:
+    from flows.orchestrator.bandit import expected_cost
+
+    stats = [TaskStats(2, 1, 1.0, 40), TaskStats(1, 1, 1.0, 10), TaskStats(), TaskStats(1, 0, 0, 0)]
+    assert expected_cost(stats).tolist() == [20.0, 10.0, 10.0, 1.0]  # unseen: mean(20, 10, 0)
+    assert expected_cost([TaskStats()]).tolist() == [1.0]  # no history at all
