@@ -74,7 +74,7 @@ from engines.training.config import (
     TrainConfig,
     autocast,
 )
-from engines.training.losses import anchor, policy_loss
+from engines.training.objective import token_objective
 from engines.training.reference import reference_model
 from engines.training.weights import PolicyWeights, make_weights
 
@@ -240,22 +240,8 @@ class AgentTrainer:
                     mb.response_mask,
                     temperature=cfg.temperature,
                 )
-            old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
-            loss_tok, metrics = policy_loss(
-                cfg.policy_loss,
-                logp,
-                old,
-                mb.advantages,
-                mb.response_mask,
-                clip_eps=cfg.clip_eps,
-                clip_eps_high=cfg.clip_eps_high,
-                dual_clip=cfg.dual_clip,
-                ref_logprobs=ref,
-                kl_coef=cfg.kl_coef,
-                is_weights=is_weights,
-            )
-            if mb.echo_mask is not None and cfg.echo_coef:  # EchoRL: NLL on the clip tokens
-                loss_tok = loss_tok - cfg.echo_coef * logp * mb.echo_mask
+            loss_tok, metrics = token_objective(cfg, logp, mb, ref)
+            if mb.echo_mask is not None and cfg.echo_coef:
                 acc.echo_tokens += int(mb.echo_mask.sum())
             loss = aggregate(
                 loss_tok,

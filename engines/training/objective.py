@@ -1,0 +1,36 @@
+"""The per-token objective of one micro-batch under an agent's settings: the PPO anchor
+(`losses.anchor`), the registered policy loss with its KL term (`losses.policy_loss`), and
+EchoRL's NLL on the clip tokens the driver chose (`echo.py`). Aggregation over tokens and
+sequences is the trainer's (`aggregate.py`), so every term shares the step's normaliser."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from engines.training.batch import TrainMicroBatch
+from engines.training.config import TrainConfig
+from engines.training.losses import anchor, policy_loss
+
+
+def token_objective(
+    cfg: TrainConfig, logp: Tensor, mb: TrainMicroBatch, ref: Tensor | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss per token (b,T), detached diagnostics) for `logp` = log πθ of `mb`'s tokens
+    (b,T); `ref`: the reference logprobs when `cfg.kl_coef` > 0."""
+    old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
+    loss_tok, metrics = policy_loss(
+        cfg.policy_loss,
+        logp,
+        old,
+        mb.advantages,
+        mb.response_mask,
+        clip_eps=cfg.clip_eps,
+        clip_eps_high=cfg.clip_eps_high,
+        dual_clip=cfg.dual_clip,
+        ref_logprobs=ref,
+        kl_coef=cfg.kl_coef,
+        is_weights=is_weights,
+    )
+    if mb.echo_mask is not None and cfg.echo_coef:  # EchoRL: NLL on the clip tokens
+        loss_tok = loss_tok - cfg.echo_coef * logp * mb.echo_mask
+    return loss_tok, metrics
