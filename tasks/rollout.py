@@ -160,11 +160,14 @@ def sample(
     """The node's completions, [invocation][sample], and the tokens generated for responses
     not kept: as one batch, or under the rollout policy's watch where it stops single
     samples (`tasks.watch`)."""
+    policy = ctx.spec.run.rollout
+    if not policy.verifies and policy.samples(params.n) == params.n:  # full, april: one batch
+        return host.generate(prompts, params, agent), 0
     reward = ctx.spec.rewards.get(node)
     tok = tokenizer_of(ctx, agent)
     items = dict(episodes)
     chosen = watch_for(
-        ctx.spec.run.rollout,
+        policy,
         params.n,
         None if reward is None else early_check(reward.fn),
         [items[plan.episode] for plan in plans],

@@ -78,6 +78,21 @@ def use_backend(meg: Path, backend: str) -> None:
     meg.write_text(yaml.safe_dump(data))
 
 
+def run_store(run_dir: Path) -> Any:
+    """The store of the run `flexmarl train` is making in `run_dir`, or None before it has
+    written its record and created its store (what a kill predicate polls)."""
+    import json
+
+    from storage.errors import StoreError
+    from storage.store import MEGStore
+
+    try:
+        rec = json.loads((run_dir / "run.json").read_text())
+        return MEGStore.open(rec["store_url"], rec["run_id"], create=False)
+    except (FileNotFoundError, StoreError):
+        return None
+
+
 def kill_cli_train_when(
     predicate: Callable[[], bool], cfg: Path, run_dir: Path, api: str, log: Path, what: str
 ) -> None:

@@ -16,10 +16,9 @@ import yaml
 from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.audit import audit_consistency
-from storage.errors import StoreError
 from storage.schema import SegmentKey
 from storage.store import MEGStore
-from tests.flows.conftest import kill_cli_train_when, write_config
+from tests.flows.conftest import kill_cli_train_when, run_store, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -183,10 +182,8 @@ def test_april_run_killed_with_partial_samples_resumes_and_continues_them(
     pending: list[tuple[int, int, list[str]]] = []
 
     def partial_not_continued() -> bool:
-        try:
-            rec = json.loads((run_dir / "run.json").read_text())
-            store = MEGStore.open(rec["store_url"], rec["run_id"], create=False)
-        except (FileNotFoundError, StoreError):  # the run has not made its record or store yet
+        store = run_store(run_dir)
+        if store is None:  # the run has not made its record or store yet
             return False
         table = store.table("counter")
         for info in table.segments(kind="carry"):

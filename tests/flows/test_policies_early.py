@@ -5,7 +5,6 @@ clips; every run audits clean, and a run killed mid-way resumes to the same clea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,8 @@ import pytest
 import yaml
 
 from storage.audit import audit_consistency
-from storage.errors import StoreError
 from storage.store import MEGStore
-from tests.flows.conftest import kill_cli_train_when
+from tests.flows.conftest import kill_cli_train_when, run_store
 from tests.flows.test_policies import policy_config, run
 from workloads.datasets import TaskItem
 from workloads.longtail import sequence_wrong_already
@@ -141,12 +139,8 @@ def test_a_killed_run_resumes_clean(
     run_dir = tmp_path / "run"
 
     def step_one_trained() -> bool:
-        try:
-            rec = json.loads((run_dir / "run.json").read_text())
-            store = MEGStore.open(rec["store_url"], rec["run_id"], create=False)
-        except (FileNotFoundError, StoreError):  # the run has not made its record or store yet
-            return False
-        return store.table("counter").consumption(1) is not None
+        store = run_store(run_dir)
+        return store is not None and store.table("counter").consumption(1) is not None
 
     kill_cli_train_when(
         step_one_trained, cfg, run_dir, prefect_server, tmp_path / "run.log", "step 1 trained"
