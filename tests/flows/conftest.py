@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +94,21 @@ def run_store(run_dir: Path) -> Any:
 
 
 def kill_cli_train_when(
-    predicate: Callable[[], bool], cfg: Path, run_dir: Path, api: str, log: Path, what: str
+    predicate: Callable[[], bool],
+    cfg: Path,
+    run_dir: Path,
+    api: str,
+    log: Path,
+    what: str,
+    entry: Sequence[str] = ("-m", "flows.cli"),
 ) -> None:
-    """Run `flexmarl train CFG --run-dir RUN_DIR` as its own process group and SIGKILL all
-    of it (the CLI, its cluster, its workers) once `predicate()` holds; fails after 300 s
-    with the run's log tail."""
+    """Run `flexmarl train CFG --run-dir RUN_DIR` (`python ENTRY train ...`) as its own
+    process group and SIGKILL all of it (the CLI, its cluster, its workers) once
+    `predicate()` holds; fails with the run's log tail if the run ends first or after 300 s."""
     env = {**os.environ, "PREFECT_API_URL": api}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "train", str(cfg), "--run-dir", str(run_dir)],
+            [sys.executable, *entry, "train", str(cfg), "--run-dir", str(run_dir)],
             env=env,
             start_new_session=True,
             stdout=out,
@@ -111,6 +117,11 @@ def kill_cli_train_when(
     try:
         end = time.time() + 300
         while not predicate():
+            if proc.poll() is not None and not predicate():
+                raise AssertionError(
+                    f"the run ended (exit {proc.returncode}) before {what}\n"
+                    f"{log.read_text()[-3000:]}"
+                )
             if time.time() > end:
                 raise AssertionError(f"timed out waiting for {what}\n{log.read_text()[-3000:]}")
             time.sleep(0.2)

@@ -4,6 +4,7 @@ after a move resumes with a clean audit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,37 +14,14 @@ import yaml
 
 import flows.orchestrator.placement as placement
 from bench.elastic import build_models, skewed_training_meg
-from engines.training.allocation import Move
 from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.store import MEGStore
 from tests.flows.conftest import kill_cli_train_when, write_config
+from tests.flows.scripted_allocator import scripted
 from tests.flows.test_continue import step_samples
 
 pytestmark = pytest.mark.slow
-
-
-def scripted(away: set[tuple[str | None, int]]) -> type:
-    """A test double of the allocation *policy* only (`engines.training.allocation` tests the
-    real one as a pure object): unit U trains on the rollout worker in step k when (U, k) —
-    or (None, k), every unit — is in `away`, else on the training worker; every move is
-    known in advance. The handover, the tasks and the cluster are the real ones."""
-
-    class ScriptedAllocator:
-        def __init__(self, units: Any, train: Any, rollout: Any, config: Any = None) -> None:
-            self.train, self.rollout = train[0], rollout[0]
-
-        def worker_of(self, unit: str, step: int) -> str:
-            moved = (unit, step) in away or (None, step) in away
-            return self.rollout if moved else self.train
-
-        def observe(self, worker: str, unit: str | None, seconds: float, step: int) -> None:
-            pass
-
-        def end_step(self, step: int, end: float) -> Move | None:
-            return None
-
-    return ScriptedAllocator
 
 
 def losses(out: dict[str, Any], agent: str) -> list[float]:
@@ -116,10 +94,12 @@ def test_lora_agents_on_one_base_move_together(
 def test_sigkill_after_a_move_resumes_with_a_clean_audit(
     tmp_path: Path, prefect_server: str, cluster: str
 ) -> None:
-    """The real allocator on the skewed-training workload (two wide agents' training on the
-    one training worker, a light rollout): it moves a unit's training to the rollout worker;
-    the run is killed as soon as a handover is logged (the state may be in flight) and
-    resumed on another cluster."""
+    """The skewed-training workload (two wide agents' training on the one training worker, a
+    light rollout) with the critic's training moved to the rollout worker from step 2: the
+    run is killed as soon as the handover is logged (the state may be in flight) and resumed
+    on another cluster, where the real allocator places training from then on. The move is
+    scripted (`tests.flows.scripted_allocator`): whether the measured policy moves, and when,
+    depends on the machine's speeds, and the kill must land on a move."""
     small, wide = build_models(tmp_path / "models")
     cfg = tmp_path / "skewed.yaml"
     cfg.write_text(yaml.safe_dump(skewed_training_meg(small, wide, steps=10, elastic=True)))
@@ -128,7 +108,9 @@ def test_sigkill_after_a_move_resumes_with_a_clean_audit(
     def moved() -> bool:
         return log.exists() and "training moved" in log.read_text()
 
-    kill_cli_train_when(moved, cfg, run_dir, prefect_server, log, "a training move")
+    away = json.dumps([["critic", k] for k in range(2, 10)])
+    entry = ("-m", "tests.flows.scripted_allocator", away)
+    kill_cli_train_when(moved, cfg, run_dir, prefect_server, log, "a training move", entry)
     assert not (run_dir / "summary.json").exists()
 
     where = ClusterConfig(scheduler=cluster)
