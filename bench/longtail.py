@@ -19,6 +19,14 @@ steps on a fresh default local cluster, interleaved `R` times:
 - `echo`: `loss.echo: {coef: 0.05, delimiter: " "}` for every agent (EchoRL).
 - `bandit`: `run.select: {policy: bandit}` (a contextual bandit over prompts that replays
   informative ones in place of others: as many episodes as planned).
+- `hf`: the baseline on the `hf` backend (the decode loop SRT speculates in).
+- `srt`: `hf` plus `run.rollout: {policy: srt, draft: 4}` (speculative rollout: drafts from
+  earlier rollouts of the same prompt, verified by the policy).
+- `maxrl`: the root agent's advantage is centered MaxRL, A = (r - r̄)/r̄ (SERA's estimator),
+  with the baseline's uniform groups.
+- `sera`: `maxrl` plus `run.select: {policy: sera, base: 2}`: the root's `n` halved and
+  twice the episodes, so the same prompts and root samples per step as `maxrl`, each
+  prompt's share set by its estimated success rate.
 
 `--arms` runs a subset (the baseline always runs: every key is a ratio over it).
 `--heldout N` also evaluates each arm's final models on the workload's held-out split (each
@@ -49,7 +57,13 @@ seeds, to compare it with), `zero_adv_fraction`,
 `darts_generated_tokens_ratio` (generated includes darts' dropped responses), their
 `*_step_time_ratio`, and `*_reward_delta` (paired by seed, as GRESO's) for `rollverify`,
 `darts`, `echo` and `bandit` (`bandit_generated_tokens_ratio` shows the equal budget);
-the same under each workload's name.
+`maxrl_reward_delta` (over the baseline) and `sera_reward_delta`,
+`sera_generated_tokens_ratio`, `sera_step_time_ratio` over `maxrl` (the paper's comparison:
+SERA against MaxRL at the same budget); `srt_decode_time_ratio` (the root agent's generate
+time), `srt_step_time_ratio`, `srt_generated_tokens_ratio` over `hf`, with `srt_logprob_gap`
+(the largest gap between a stored logprob of version 0 and the model's own under teacher
+forcing: the sampled distribution is the policy's) and `hf_step_time_ratio` (hf over the
+vLLM baseline); the same under each workload's name.
 """
 
 from __future__ import annotations
@@ -87,17 +101,23 @@ ARMS = (
     "darts",
     "echo",
     "bandit",
+    "maxrl",
+    "sera",
+    "hf",
+    "srt",
 )
 APRIL = {"policy": "april", "over_provision": 0.25, "max_carry": 1}
 APRIL_C4 = {**APRIL, "max_carry": 4}
 GRESO = {"policy": "greso"}
 BANDIT = {"policy": "bandit", "alpha": 1.0, "replay": 0.5}
+SERA: dict[str, Any] = {"policy": "sera", "base": 2, "max_episodes": 8}
 ROLLOUT = {  # the arms that are a `run.rollout` policy
     "april": APRIL,
     "all_three": APRIL,
     "april_c4": APRIL_C4,
     "rollverify": {"policy": "rollverify", "every": 4},
     "darts": {"policy": "darts", "over_sample": 0.5},
+    "srt": {"policy": "srt", "draft": 4, "match": 3, "history": 16},
 }
 # EchoRL: a step is a number of the list (" "-delimited); coef 0.05, not the paper's 0.001:
 # the paper's runs take lr 1e-6 for hundreds of steps, these lr 5e-4 for 8
@@ -133,6 +153,8 @@ def config_copy(
             agent["loss"] = {**agent.get("loss", {}), "skip_zero_advantage": True}
         if arm == "echo":
             agent["loss"] = {**agent.get("loss", {}), "echo": ECHO}
+        if arm in ("hf", "srt"):  # SRT drafts on the hf backend: its baseline is hf too
+            agent["backend"] = "hf"
     data["dataset"]["train_size"] = train_size
     data["run"] = {
         "steps": steps,
@@ -147,6 +169,14 @@ def config_copy(
         data["run"]["select"] = GRESO
     if arm == "bandit":
         data["run"]["select"] = BANDIT
+    if arm in ("maxrl", "sera"):  # the root agent trains with SERA's estimator
+        root = next(n for n in data["nodes"].values() if not n.get("inputs"))
+        agent = data["agents"][root["agent"]]
+        agent["loss"] = {**agent.get("loss", {}), "advantage": "maxrl"}
+    if arm == "sera":  # the same prompts and root samples per step as `maxrl`, spread unevenly
+        root["n"] //= SERA["base"]
+        data["run"]["episodes_per_step"] = eps * SERA["base"]
+        data["run"]["select"] = SERA
     path = out / f"{workload}-{arm}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -157,6 +187,26 @@ def zero_adv_fraction(summary: dict[str, Any]) -> float:
     store = MEGStore.open(summary["store_url"], summary["run_id"], create=False)
     adv = np.concatenate([store.table(a).read().advantage for a in store.agents()])
     return round(float(np.mean(adv == 0)), 4)
+
+
+def logprob_gap(model_dir: str, rows: Any) -> float:
+    """The largest gap, over `rows` of version 0, between a stored logprob and the one the
+    model in `model_dir` gives that token under teacher forcing (temperature 1): 0 up to
+    float noise when what was sampled is the policy's own distribution."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    gap = 0.0
+    for i in np.flatnonzero(rows.policy_version == 0):
+        prompt, resp = rows.prompt(i).tolist(), rows.response(i).tolist()
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + resp])).logits[0].float()
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
+        want = logp.gather(-1, torch.tensor(resp)[:, None])[:, 0].numpy()
+        got = rows.logprobs[rows.response_offsets[i] : rows.response_offsets[i + 1]]
+        gap = max(gap, float(np.abs(got - want).max()))
+    return round(gap, 6)
 
 
 def root_agent(cfg: Path) -> str:
@@ -210,12 +260,21 @@ def run_arm(
             "offpolicy_frac": out["rollout"]["offpolicy_frac"],
             "skipped_prompts": out["rollout"]["skipped_prompts"],
             "replayed_prompts": out["rollout"]["replayed_prompts"],
+            "repeated_prompts": out["rollout"]["repeated_prompts"],
             "zero_adv_fraction": zero_adv_fraction(out),
             "team_reward_last3": round(statistics.mean(rewards[-3:]), 4),
             "violations": st["violations"],
         }
         | ({"heldout_team_reward": heldout_reward(cfg, run_dir, heldout)} if heldout else {})
+        | ({"logprob_gap": srt_gap(cfg, out, root)} if "srt" in cfg.stem.split("-") else {})
     )
+
+
+def srt_gap(cfg: Path, summary: dict[str, Any], root: str) -> float:
+    """`logprob_gap` of the root agent's rows (an `srt` arm: drafts must not change them)."""
+    model = yaml.safe_load(cfg.read_text())["agents"][root]["model"]
+    store = MEGStore.open(summary["store_url"], summary["run_id"], create=False)
+    return logprob_gap(model, store.table(root).read())
 
 
 def run(
@@ -249,6 +308,8 @@ def run(
         "darts": ROLLOUT["darts"],
         "echo": ECHO,
         "bandit": BANDIT,
+        "sera": SERA,
+        "srt": ROLLOUT["srt"],
     }
     with prefect_api(), ExitStack() as stack:
         models = {w: build_model(w, work, warm_steps) for w in workloads}

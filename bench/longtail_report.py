@@ -16,16 +16,13 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
     """The issue's keys: each policy over the baseline (medians over repeats)."""
     base = arms["baseline"]
 
-    def over(arm: str, key: str) -> float:
-        return round(arms[arm][key] / base[key], 4)
+    def over(arm: str, key: str, against: str = "baseline") -> float:
+        return round(arms[arm][key] / arms[against][key], 4)
 
-    def paired(arm: str, key: str = "team_reward_last3") -> float:  # vs the same seed's
-        return round(
-            statistics.median(
-                a[key] - b[key] for a, b in zip(arms[arm]["repeats"], base["repeats"], strict=True)
-            ),
-            4,
-        )
+    def paired(arm: str, key: str = "team_reward_last3", against: str = "baseline") -> float:
+        """The median over seeds of `arm` minus `against` of the same seed."""
+        pairs = zip(arms[arm]["repeats"], arms[against]["repeats"], strict=True)
+        return round(statistics.median(a[key] - b[key] for a, b in pairs), 4)
 
     spread = [r["team_reward_last3"] for r in base["repeats"]]
     keys: dict[str, dict[str, Callable[[], float]]] = {
@@ -57,7 +54,23 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
             }
             for arm in ("rollverify", "darts", "echo", "bandit")
         },
+        "maxrl": {"maxrl_reward_delta": lambda: paired("maxrl")},
     }
+    keys["hf"] = {"hf_step_time_ratio": lambda: over("hf", "step_s")}
+    if "hf" in arms:  # SRT against plain decoding in the same (hf) loop
+        keys["srt"] = {
+            "srt_decode_time_ratio": lambda: over("srt", "rollout_s", "hf"),
+            "srt_step_time_ratio": lambda: over("srt", "step_s", "hf"),
+            "srt_generated_tokens_ratio": lambda: over("srt", "decode_tokens_per_step", "hf"),
+            "srt_logprob_gap": lambda: max(r["logprob_gap"] for r in arms["srt"]["repeats"]),
+            "srt_reward_delta": lambda: paired("srt", against="hf"),
+        }
+    if "maxrl" in arms:  # SERA against MaxRL, the estimator it sizes groups for
+        keys["sera"] = {
+            "sera_reward_delta": lambda: paired("sera", against="maxrl"),
+            "sera_generated_tokens_ratio": lambda: over("sera", "decode_tokens_per_step", "maxrl"),
+            "sera_step_time_ratio": lambda: over("sera", "step_s", "maxrl"),
+        }
     out = {
         "baseline_reward_spread": round(max(spread) - min(spread), 4),
         "zero_adv_fraction": base["zero_adv_fraction"],
@@ -72,6 +85,10 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
             for arm in arms
             if arm != "baseline"
         }
+        if "sera" in arms and "maxrl" in arms:
+            out["sera_over_maxrl_heldout_reward_delta"] = paired(
+                "sera", "heldout_team_reward", "maxrl"
+            )
     return out
 
 

@@ -230,6 +230,23 @@ def validate(
                 "`register_reward(..., decided=fn)`)",
                 "run.rollout",
             )
+    if spec.run.rollout.speculation() is not None:
+        on_vllm = [name for name, agent in spec.agents.items() if agent.backend != "hf"]
+        if on_vllm:
+            raise fail(
+                "the srt rollout policy drafts and verifies on the hf backend; set "
+                f"`backend: hf` for {', '.join(on_vllm)}",
+                "run.rollout",
+            )
+    if spec.run.select.merges_groups:
+        roots = [n for n, node in spec.nodes.items() if not node.inputs]
+        if not any(n in spec.rewards for n in roots):
+            raise fail(
+                "the sera selection policy sizes the groups of the nodes that see the task "
+                f"alone ({', '.join(roots)}) from their rewards, and none has a reward: bind "
+                "one under `rewards:`",
+                "run.select",
+            )
     ds = spec.dataset
     if (ds.generator is None) == (ds.url is None):
         raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")

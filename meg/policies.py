@@ -26,12 +26,21 @@ small pure methods; the orchestrator and the generate task call those methods, n
   than the node's `n`; once `n` of a group have finished, the group's other samples stop
   and are dropped, so the group trains its `n` shortest responses and never waits for its
   own long tail.
+- `srt` (speculative rollout): each sample drafts `draft` tokens from earlier rollouts of
+  its prompt (its siblings', and the engine's last `history` of that prompt) and the policy
+  verifies them in one forward pass; the sampled distribution is exactly the policy's, in
+  fewer passes. `hf` backend agents only.
 - `all` (default selection): every planned prompt is rolled out.
 - `bandit` (contextual rollout bandit): a LinUCB over each prompt's history (how often its
   episodes taught something, its mean reward, how often it was seen) ranks a step's planned
   prompts and earlier informative ones; the step rolls out the best-ranked, replaying at
   most `replay` of a micro-batch from earlier prompts, so it generates as many episodes as
   planned, spent where they are expected to carry signal.
+- `sera` (Scale-Equalized Rollout Allocation): each micro-batch's episodes are divided
+  among ⌈episodes / base⌉ prompts by their estimated success rate, so that every prompt's
+  group gets the same chance of teaching something: a hard prompt gets several episodes
+  (one advantage group over all its samples), a settled one none; as many episodes as
+  planned.
 - `greso` (selective rollouts): a prompt whose recent groups all got the same reward (zero
   advantage, zero gradient) is skipped before it is rolled out, with probability
   `1 - max(floor, explore ** streak)` where `streak` counts its most recent such episodes.
@@ -44,7 +53,7 @@ import random
 import zlib
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 class _Policy(BaseModel):
@@ -79,6 +88,10 @@ class FullRollout(_Policy):
     def samples(self, n: int) -> int:
         """Responses a group of `n` samples (the node's `n`) launches (darts: more)."""
         return n
+
+    def speculation(self) -> tuple[int, int, int] | None:
+        """(draft, match, history) of a speculative rollout (srt), None to decode plainly."""
+        return None
 
 
 class AprilRollout(FullRollout):
@@ -142,6 +155,23 @@ class DartsRollout(FullRollout):
         return n + math.ceil(n * self.over_sample)
 
 
+class SpeculativeRollout(FullRollout):
+    """Draft tokens from earlier rollouts of the same prompt, verified by the policy (SRT):
+    the same samples' distribution in fewer forward passes."""
+
+    policy: Literal["srt"]  # type: ignore[assignment]
+    draft: int = Field(4, ge=1, le=32, description="Tokens drafted per forward pass.")
+    match: int = Field(
+        3, ge=1, le=16, description="Longest suffix of a sample looked up in earlier rollouts."
+    )
+    history: int = Field(
+        16, ge=0, le=256, description="Earlier completions of each prompt kept to draft from."
+    )
+
+    def speculation(self) -> tuple[int, int, int] | None:
+        return (self.draft, self.match, self.history)
+
+
 class AllPrompts(_Policy):
     """Roll out every planned prompt (the baseline)."""
 
@@ -153,6 +183,12 @@ class AllPrompts(_Policy):
 
     def rollout_probability(self, streak: int) -> float:
         return 1.0
+
+    @property
+    def merges_groups(self) -> bool:
+        """Whether a root node's groups of one prompt's episodes in one step are one
+        advantage group (SERA gives a prompt several episodes)."""
+        return False
 
 
 class GresoSelect(AllPrompts):
@@ -203,6 +239,58 @@ class BanditSelect(AllPrompts):
         return True
 
 
+class SeraSelect(AllPrompts):
+    """Group sizes from a per-micro-batch budget by estimated difficulty (SERA): prompt q
+    gets k_q episodes (k_q · n samples of the root in one advantage group, its advantages
+    scaled by 1/k_q), the k_q equalizing the chance that a group teaches something."""
+
+    policy: Literal["sera"]  # type: ignore[assignment]
+    base: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Episodes a prompt gets on average: a micro-batch of E episodes is "
+        "divided among ceil(E / base) prompts (the root's `n` is the unit, so `n · base` is "
+        "the mean group size).",
+    )
+    max_episodes: int = Field(
+        8, ge=1, le=256, description="Most episodes one prompt gets in a micro-batch."
+    )
+    min_mixed: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="A prompt whose group, at `max_episodes`, has less than this chance of "
+        "mixing successes and failures gets no episode (it would teach nothing).",
+    )
+    prior: float = Field(
+        0.5, gt=0.0, le=10.0, description="Beta(prior, prior): the success rate's prior."
+    )
+    discount: float = Field(
+        0.75,
+        ge=0.0,
+        le=1.0,
+        description="Weight kept by a prompt's earlier outcomes each time it is seen again.",
+    )
+
+    @model_validator(mode="after")
+    def _room(self) -> SeraSelect:
+        if self.max_episodes < self.base:
+            raise ValueError(
+                f"max_episodes ({self.max_episodes}) must be at least base ({self.base}): "
+                "the prompts of a micro-batch could not take its episodes"
+            )
+        return self
+
+    @property
+    def needs_history(self) -> bool:
+        return True
+
+    @property
+    def merges_groups(self) -> bool:
+        return True
+
+
 def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:
     """pydantic's message for a policy block without `policy:` names neither the key nor
     the choices; this one does (an unknown name is pydantic's own error, which names both).
@@ -218,14 +306,14 @@ def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:
 
 
 RolloutPolicy = Annotated[
-    FullRollout | AprilRollout | RollVerify | DartsRollout,
+    FullRollout | AprilRollout | RollVerify | DartsRollout | SpeculativeRollout,
     Field(discriminator="policy"),
-    _named("rollout", FullRollout, AprilRollout, RollVerify, DartsRollout),
+    _named("rollout", FullRollout, AprilRollout, RollVerify, DartsRollout, SpeculativeRollout),
 ]
 SelectPolicy = Annotated[
-    AllPrompts | GresoSelect | BanditSelect,
+    AllPrompts | GresoSelect | BanditSelect | SeraSelect,
     Field(discriminator="policy"),
-    _named("select", AllPrompts, GresoSelect, BanditSelect),
+    _named("select", AllPrompts, GresoSelect, BanditSelect, SeraSelect),
 ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from prefect import task
 
-from engines.rollout.base import RolloutError, SamplingParams
+from engines.rollout.base import RolloutError, SamplingParams, Speculation
 from engines.rollout.prompts import invocation_prompt
 from engines.training.publish import latest_published, weights_key
 from meg import ScoreGroup
@@ -137,6 +137,7 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
     agent = spec.agents[nspec.agent]
     eos = tokenizer_of(ctx, nspec.agent).eos_token_id
     seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}".encode())
+    drafting = spec.run.rollout.speculation()
     return SamplingParams(
         n=nspec.n,
         temperature=agent.sampling.temperature,
@@ -144,6 +145,7 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
         max_tokens=spec.node_max_tokens(node),
         seed=seed,
         stop_token_ids=(eos,) if eos is not None else (),
+        speculate=Speculation(*drafting) if drafting is not None else None,
     )
 
 

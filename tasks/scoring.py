@@ -4,7 +4,8 @@ A score group (`meg.score_groups`) is the set of nodes that can be scored at the
 as soon as they and what their rewards read are generated. The task reads the committed rows
 of the nodes the group's rewards see, rebuilds each episode as text, applies the registered
 reward bound to each node of the group, turns rewards into advantages with the agent's
-registered estimator (groups = one node invocation), and commits one score segment per node.
+registered estimator (groups = one node invocation, or one prompt's episodes under `sera`),
+and commits one score segment per node.
 Rewards for a node with no binding are 0 (its agent then gets no signal).
 """
 
@@ -88,22 +89,53 @@ def reward_rows(
     return out
 
 
-def advantages_for(
-    ctx: RunContext, node: str, batch: SampleBatch, scored: ScoredRows
+def group_keys(
+    ctx: RunContext, node: str, batch: SampleBatch, episodes: tuple[Episode, ...]
 ) -> np.ndarray:
-    """Group advantages with the node's agent estimator over the rows `scored.used`; a group
-    is one invocation. Rows left out (a dropped group) get 0."""
+    """The advantage group of each row: its invocation (`group_id`); under a selection
+    policy that gives a prompt several episodes (`sera`), a node without inputs (it sees the
+    task alone) groups the rows of one prompt in one step, across its episodes."""
+    if not ctx.spec.run.select.merges_groups or ctx.spec.nodes[node].inputs:
+        return batch.group_id
+    task = {eid: item.id for eid, item in episodes}
+    return np.array(
+        [
+            f"{s}/{task.get(e, e)}/{node}"
+            for e, s in zip(batch.episode.tolist(), batch.step.tolist(), strict=True)
+        ]
+    )
+
+
+def multiplicity(keys: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+    """Per row, 1/k for a group spanning k episodes: a prompt given k episodes weighs as one
+    group (SERA's multiplicity correction); 1 for an invocation's own group. Pure."""
+    spans: dict[str, set[str]] = defaultdict(set)
+    for g, e in zip(keys.tolist(), episodes.tolist(), strict=True):
+        spans[g].add(e)
+    return np.array([1.0 / len(spans[g]) for g in keys.tolist()], np.float32)
+
+
+def advantages_for(
+    ctx: RunContext,
+    node: str,
+    batch: SampleBatch,
+    scored: ScoredRows,
+    episodes: tuple[Episode, ...] = (),
+) -> np.ndarray:
+    """Group advantages with the node's agent estimator over the rows `scored.used`, a
+    group per `group_keys`, scaled by `multiplicity`. Rows left out (a dropped group) get 0."""
     adv = np.zeros(len(batch), np.float32)
     use = np.flatnonzero(scored.used)
     if len(use) == 0:
         return adv
-    _, group_index = np.unique(batch.group_id[use], return_inverse=True)
+    keys = group_keys(ctx, node, batch, episodes)[use]
+    _, group_index = np.unique(keys, return_inverse=True)
     loss = ctx.spec.agents[ctx.spec.nodes[node].agent].loss
     adv[use] = compute_advantages(
         loss.advantage,
         torch.from_numpy(scored.reward[use]),
         torch.from_numpy(group_index.astype(np.int64)),
-    ).numpy()
+    ).numpy() * multiplicity(keys, batch.episode[use])
     return adv
 
 
@@ -136,7 +168,7 @@ def score_micro_batch(
     for node in group.nodes:
         b = batches[node]
         scored = apply_failure_rule(rule, raw[node], b.group_id)
-        adv = advantages_for(ctx, node, b, scored)
+        adv = advantages_for(ctx, node, b, scored, episodes)
         st.table(spec.nodes[node].agent).write_scores(
             SegmentKey(step, mb, node), b.sample_id, scored.reward, adv, scored.status
         )

@@ -81,6 +81,7 @@ class SamplingParams:
     max_tokens: int = 64
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    speculate: Speculation | None = None  # draft from earlier rollouts (hf backend only)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -94,6 +95,21 @@ class SamplingParams:
             )
         if not 0 < self.top_p <= 1:
             raise BadRequestError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """Speculative rollout (SRT, `engines.rollout.speculative`): `draft` tokens proposed per
+    forward pass from earlier rollouts of the same prompt, suffixes of up to `match` tokens
+    looked up, the last `history` completions of each prompt kept by the engine."""
+
+    draft: int = 4
+    match: int = 3
+    history: int = 16
+
+    def __post_init__(self) -> None:
+        if self.draft < 1 or self.match < 1 or self.history < 0:
+            raise BadRequestError(f"Speculation needs draft, match >= 1, history >= 0: {self}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from engines.families import checkpoint_names
 from engines.rollout.base import (
     AdapterError,
     AdapterServing,
+    BadRequestError,
     Completion,
     Cut,
     CutTracker,
@@ -42,6 +43,7 @@ from engines.rollout.base import (
     check_weights,
     register_backend,
 )
+from engines.rollout.speculative import DraftHistory, speculative_sample
 
 SYNC_EVERY = 8  # tokens between two looks at "all rows done" on a GPU
 
@@ -121,6 +123,8 @@ class HFBackend:
         # tokens between two looks at "every row done": a look is free on a CPU and a
         # stall of the launch queue on a GPU
         self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
+        self.drafts = DraftHistory()  # earlier completions per prompt (speculative rollout)
+        self.passes = 0  # forward passes of the last speculative call
 
     def max_context(self) -> int:
         return self._context
@@ -138,8 +142,44 @@ class HFBackend:
             cut.check(len(prompts), params)
         if watch is not None:
             check_watch(watch, cut, params)
+        if params.speculate is not None and (cut is not None or watch is not None):
+            raise BadRequestError("speculative rollout stops no request: no cut or watch")
         with self._using(adapter):
-            return self._sample(prompts, params, cut, watch) if prompts else []
+            if not prompts:
+                return []
+            if params.speculate is not None:
+                return self._speculate(prompts, params)
+            return self._sample(prompts, params, cut, watch)
+
+    @torch.no_grad()
+    def _speculate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """SRT (`engines.rollout.speculative`): a prompt's n rows draft from each other and
+        from the prompt's completions this engine kept; what they sample is remembered."""
+        spec = params.speculate
+        assert spec is not None
+        indexes = []
+        for p in prompts:
+            index = self.drafts.index(p, spec)
+            head = list(p[-spec.match :])
+            indexes += [(index, index.add_seq(head)) for _ in range(params.n)]
+        rows = [list(p) for p in prompts for _ in range(params.n)]
+        ids, mask = left_pad(rows, self._pad)
+        comps, self.passes = speculative_sample(
+            self.model,
+            ids.to(self.device),
+            mask.to(self.device),
+            [budget(len(r), params, self._context) for r in rows],
+            params,
+            set(self._eos) | set(params.stop_token_ids),
+            indexes,
+            processed_logits,
+        )
+        for i, p in enumerate(prompts):
+            for c in comps[i * params.n : (i + 1) * params.n]:
+                self.drafts.remember(p, c.response_ids, spec.history)
+        return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     @torch.no_grad()
     def _sample(
@@ -273,7 +313,8 @@ class HFBackend:
 
     def reset(self) -> None:
         """Adapters removed (the plain model back), the directory's weights copied in if an
-        update replaced them. There is no cache between calls to empty."""
+        update replaced them; the speculative rollout's draft history emptied."""
+        self.drafts.clear()
         if self._peft is not None:
             for name in list(self._peft.peft_config):
                 self.remove_adapter(name)

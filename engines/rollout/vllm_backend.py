@@ -71,6 +71,7 @@ from engines.rollout.base import (
     FINISH_REASONS,
     AdapterError,
     AdapterServing,
+    BadRequestError,
     Completion,
     Cut,
     CutTracker,
@@ -301,6 +302,11 @@ class VLLMBackend:
             cut.check(len(prompts), params)
         if watch is not None:
             check_watch(watch, cut, params)
+        if params.speculate is not None:
+            raise BadRequestError(
+                "speculative rollout (run.rollout: srt) drafts on the hf backend only; "
+                "vLLM's own n-gram speculation is not wired in (docs/rollout-policies.md#srt)"
+            )
         lora = None if adapter is None else self._lora(adapter)
         if not prompts:
             return []

@@ -89,6 +89,21 @@ def rloo(rewards: Tensor, group_index: Tensor) -> Tensor:
     return torch.where(n > 1, adv, torch.zeros_like(adv)).to(rewards.dtype)
 
 
+@register_advantage("maxrl")
+def maxrl(rewards: Tensor, group_index: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """Centered Maximum-Likelihood RL: A_i = (r_i − mean_g) / (mean_g + eps).
+
+    With 0/1 rewards, mean_g estimates the prompt's success rate p, and the group's gradient
+    estimates that of log p rather than of p (GRPO's std rescales by sqrt(p(1-p))): a hard
+    prompt's rare success weighs 1/p. SERA sizes groups for this estimator. A group with no
+    success (mean 0) or one reward → 0.
+    """
+    _check(rewards, group_index)
+    n, mean, _ = _group_stats(rewards, group_index)
+    adv = (rewards.to(mean.dtype) - mean) / (mean.abs() + eps)  # (N,)
+    return torch.where(n > 1, adv, torch.zeros_like(adv)).to(rewards.dtype)
+
+
 @register_advantage("reinforce")
 def reinforce(rewards: Tensor, group_index: Tensor) -> Tensor:
     """Plain REINFORCE with one batch-mean baseline: A_i = r_i − mean(r). Groups are ignored."""

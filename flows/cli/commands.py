@@ -247,6 +247,7 @@ def train_cmd(args: argparse.Namespace) -> int:
             f"{r['thrown_away_tokens']} thrown away at the end, "
             f"{r['skipped_prompts']} prompts skipped"
             + (f", {r['replayed_prompts']} replayed" if r.get("replayed_prompts") else "")
+            + (f", {r['repeated_prompts']} extra episodes" if r.get("repeated_prompts") else "")
         )
     return 0
 

@@ -3,7 +3,9 @@ micro-batch launches, the selection policy which of them are rolled out at all.
 
 Micro-batch j of step k trains `quota_j` episodes, a contiguous share of `episodes_per_step`.
 `april` launches more for that (`launched(quota_j)`); `greso` then drops the prompts whose
-history taught nothing (`flows.orchestrator.selection`). The episodes are drawn by
+history taught nothing (`flows.orchestrator.selection`), `bandit` re-spends the slots on the
+prompts expected to teach most (`bandit.py`), `sera` re-divides them among the planned
+prompts by difficulty (`sera.py`). The episodes are drawn by
 `batch_for_step(seed, k)`, a pure function, so a resumed run plans the same episodes; with
 `greso` the steps before the resume are re-planned first, from the same committed history, so
 the choices after it are the same as an uninterrupted run's.
@@ -17,13 +19,14 @@ from typing import Any
 
 from flows.orchestrator.bandit import BanditSelector
 from flows.orchestrator.selection import Selector
+from flows.orchestrator.sera import SeraSelector
 from meg import MEGSpec, ScoreGroup, score_groups
 from tasks.context import RunContext
 from tasks.refs import Episode, episode_id
 from workloads.datasets import Splits, TaskItem, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
 
-SELECTORS: dict[str, Any] = {"bandit": BanditSelector}  # the rest: GRESO's `Selector`
+SELECTORS: dict[str, Any] = {"bandit": BanditSelector, "sera": SeraSelector}  # else GRESO's
 
 
 class EpisodePlanner:

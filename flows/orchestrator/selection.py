@@ -43,6 +43,7 @@ class SelectRef:
     planned: int
     skipped: tuple[str, ...]  # task ids not rolled out
     replayed: tuple[str, ...] = ()  # task ids rolled out in their place (bandit)
+    repeated: tuple[str, ...] = ()  # task ids given episodes beyond the mean, once each (sera)
 
 
 def zero_variance_episodes(

@@ -103,6 +103,7 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
             "offpolicy_tokens": r["offpolicy_tokens"],
             "skipped_prompts": r["skipped_prompts"],
             "replayed_prompts": r.get("replayed_prompts", 0),
+            "repeated_prompts": r.get("repeated_prompts", 0),
             "failed_rewards": sum(r["failed_rewards"].values()),
         }
         for r in summary["per_step"]

@@ -36,6 +36,7 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
     offpolicy: dict[int, int] = defaultdict(int)
     skipped: dict[int, int] = defaultdict(int)
     replayed: dict[int, int] = defaultdict(int)
+    repeated: dict[int, int] = defaultdict(int)
     trained: dict[int, int] = defaultdict(int)
     failed: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in results:
@@ -56,6 +57,7 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
         elif isinstance(r, SelectRef):
             skipped[r.step] += len(r.skipped)
             replayed[r.step] += len(r.replayed)
+            repeated[r.step] += len(r.repeated)
     rows, prev = [], t0
     for k in sorted(ends):
         rows.append(
@@ -73,6 +75,7 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
                 "trained_tokens": trained[k],
                 "skipped_prompts": skipped[k],  # not rolled out (greso, bandit)
                 "replayed_prompts": replayed[k],  # earlier prompts in their place (bandit)
+                "repeated_prompts": repeated[k],  # extra episodes of a prompt (sera)
                 "failed_rewards": dict(sorted(failed[k].items())),  # agent → failed calls
             }
         )
@@ -141,6 +144,7 @@ def rollout_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "thrown_away_tokens": steps[-1]["carried_tokens"] if steps else 0,
         "skipped_prompts": sum(r["skipped_prompts"] for r in steps),
         "replayed_prompts": sum(r.get("replayed_prompts", 0) for r in steps),
+        "repeated_prompts": sum(r.get("repeated_prompts", 0) for r in steps),
     }
 
 

@@ -49,8 +49,11 @@ def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
     for key in KEYS:
         assert math.isfinite(res[key]) and res[key] > 0 and res[key] == res["longtail"][key]
     assert math.isfinite(res["greso_reward_delta"]) and res["baseline_reward_spread"] == 0.0
-    for arm in ("rollverify", "darts", "echo", "bandit"):
+    for arm in ("rollverify", "darts", "echo", "bandit", "maxrl", "sera"):
         assert math.isfinite(res[f"{arm}_reward_delta"])
+    # SERA spends as many root samples as MaxRL's uniform groups: 2 episodes of n = 2 per
+    # prompt on average against 1 of n = 4 (tokens differ with the prompts' lengths)
+    assert res["sera_generated_tokens_ratio"] > 0 and arms["sera"]["violations"] == 0
     # a count from seeded sampling, not a timing: the 2-step warm start writes a wrong number
     # within a few tokens almost every time, and rollverify stops those samples there
     assert res["rollverify_generated_tokens_ratio"] < 1.0

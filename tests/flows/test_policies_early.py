@@ -1,7 +1,8 @@
-"""The single-sample rollout policies and EchoRL in real runs (flex and async, a real
+"""The single-sample rollout policies, SERA and EchoRL in real runs (flex and async, a real
 cluster and Prefect server, vLLM): `rollverify` stops samples whose reward is decided,
-`darts` trains each group's shortest `n` of more, `loss.echo` trains the all-right groups'
-clips; every run audits clean, and a run killed mid-way resumes to the same clean end."""
+`darts` trains each group's shortest `n` of more, `sera` gives a prompt several episodes in
+one advantage group, `loss.echo` trains the all-right groups' clips; every run audits clean,
+and a run killed mid-way resumes to the same clean end."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from bench.longtail import logprob_gap
 from storage.audit import audit_consistency
 from storage.store import MEGStore
 from tests.flows.conftest import kill_cli_train_when, run_store
@@ -87,6 +89,67 @@ def test_darts_trains_each_groups_shortest_n_and_stores_nothing_else(
     assert set(ids) == {"0", "1", "2", "3"}  # the kept ones are the node's samples 0..n-1
 
 
+def sera_groups(store: MEGStore, per_mb: int) -> dict[tuple[int, int, str], list[int]]:
+    """The counter's rows per (step, micro-batch, prompt): one SERA group each (episode
+    `k{step}e{i}` is in micro-batch i // per_mb)."""
+    rows = store.table("counter").read()
+    groups: dict[tuple[int, int, str], list[int]] = {}
+    for i in range(len(rows)):
+        mb = int(str(rows.episode[i]).split("e")[1]) // per_mb
+        key = (int(rows.step[i]), mb, rows.prompt(i).tobytes().hex())
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+@pytest.mark.parametrize("mode", ["flex", "async"])
+def test_sera_gives_a_prompt_several_episodes_in_one_group(
+    tmp_path: Path, longtail_model: str, cluster: str, mode: str
+) -> None:
+    """8 episodes of n = 2 per step, 2 micro-batches: each micro-batch's 4 episodes go to its
+    2 planned prompts by their estimated success rate. A prompt's rows are one MaxRL group
+    whose advantages are scaled by 1/k for its k episodes; what the run reports as episodes
+    beyond the mean is what the store holds."""
+    cfg = policy_config(tmp_path, longtail_model, "longtail", select={"policy": "sera"})
+    data = yaml.safe_load(cfg.read_text())
+    data["run"]["episodes_per_step"] = 8
+    data["nodes"]["count"]["n"] = 2
+    data["agents"]["counter"]["loss"] = {"advantage": "maxrl"}
+    cfg.write_text(yaml.safe_dump(data))
+    out = run(cfg, tmp_path / "run", cluster, mode)
+    store = clean(out)
+    rows = store.table("counter").read()
+    beyond = {r["step"]: 0 for r in out["per_step"]}
+    prompts = {r["step"]: 0 for r in out["per_step"]}
+    for (step, _, _), idx in sera_groups(store, 4).items():
+        episodes = len(set(rows.episode[idx].tolist()))
+        beyond[step] += max(episodes - 2, 0)
+        prompts[step] += 1
+        r = rows.reward[idx].astype(np.float64)
+        want = (r - r.mean()) / (abs(r.mean()) + 1e-6) / episodes
+        assert np.allclose(rows.advantage[idx], want, rtol=1e-4, atol=1e-5)
+    for r in out["per_step"]:
+        assert len(set(rows.episode[rows.step == r["step"]].tolist())) == 8
+        # a prompt drawn twice into one micro-batch is one group, its shares added up
+        fits = (r["repeated_prompts"] == beyond[r["step"]]) if prompts[r["step"]] == 4 else True
+        assert fits and r["repeated_prompts"] <= beyond[r["step"]]
+    reported = sum(r["repeated_prompts"] for r in out["per_step"])
+    assert out["rollout"]["repeated_prompts"] == reported
+
+
+@pytest.mark.parametrize("mode", ["flex", "async"])
+def test_srt_stores_the_policys_own_logprobs(
+    tmp_path: Path, longtail_model: str, cluster: str, mode: str
+) -> None:
+    """Speculative rollout in a real run (hf backend): every counter sample of version 0
+    carries, token for token, the logprob the warm-started model gives it under teacher
+    forcing — drafts change how many forward passes decode it, never what is sampled."""
+    srt = {"policy": "srt", "draft": 4}
+    cfg = policy_config(tmp_path, longtail_model, "longtail", backend="hf", rollout=srt)
+    rows = clean(run(cfg, tmp_path / "run", cluster, mode)).table("counter").read()
+    assert (rows.policy_version == 0).sum() >= 8  # step 0's samples, of the model as built
+    assert logprob_gap(longtail_model, rows) < 1e-4
+
+
 def test_echo_trains_the_clips_of_all_right_groups(
     tmp_path: Path,
     longtail_model: str,
@@ -124,8 +187,10 @@ def test_the_bandit_rolls_out_as_many_episodes_as_planned(
     [
         {"rollout": {"policy": "rollverify"}, "select": {"policy": "bandit"}},
         {"rollout": {"policy": "darts"}},
+        {"rollout": {"policy": "full"}, "select": {"policy": "sera"}},
+        {"rollout": {"policy": "srt"}},
     ],
-    ids=["rollverify-bandit-echo", "darts-echo"],
+    ids=["rollverify-bandit-echo", "darts-echo", "sera-echo", "srt-echo"],
 )
 def test_a_killed_run_resumes_clean(
     tmp_path: Path, longtail_model: str, prefect_server: str, cluster: str, policies: dict
@@ -160,6 +225,11 @@ def test_a_killed_run_resumes_clean(
     rows = store.table("counter").read()
     if policies["rollout"]["policy"] == "rollverify":
         assert (rows.finish_reason == "verified").any()
+    elif policies.get("select", {}).get("policy") == "sera":  # 4 episodes per micro-batch
+        for k in range(4):
+            assert len(set(rows.episode[rows.step == k].tolist())) == 4
+    elif policies["rollout"]["policy"] == "srt":  # the samples before the kill are exact
+        assert logprob_gap(longtail_model, rows) < 1e-4
     else:  # darts: n = 4 kept per group, none of the dropped stored
         assert set(np.unique(rows.group_id, return_counts=True)[1]) == {4}
         assert not (rows.finish_reason == "dropped").any()

@@ -18,6 +18,8 @@ from meg.policies import (
     FullRollout,
     GresoSelect,
     RollVerify,
+    SeraSelect,
+    SpeculativeRollout,
     keep_draw,
 )
 from workloads.rewards import known_rewards
@@ -248,3 +250,37 @@ def test_the_bandit_loads_and_a_misspelt_parameter_names_itself(
     assert err.field == "run.select.bandit.replays"
     base["run"] = {"select": {"policy": "bandit", "replay": 1.5}}
     assert refused(base, tmp_path).field == "run.select.bandit.replay"
+
+
+def test_sera_loads_and_is_refused_where_it_cannot_act(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    base["run"] = {"select": {"policy": "sera", "base": 3}}
+    select = load(base, tmp_path).run.select
+    assert select == SeraSelect(policy="sera", base=3) and select.merges_groups
+    assert select.needs_history and not AllPrompts().merges_groups
+    base["run"] = {"select": {"policy": "sera", "max_episode": 3}}
+    assert refused(base, tmp_path).field == "run.select.sera.max_episode"
+    base["run"] = {"select": {"policy": "sera", "base": 4, "max_episodes": 2}}
+    assert "must be at least base (4)" in str(refused(base, tmp_path))
+    base["run"] = {"select": {"policy": "sera"}}
+    base["rewards"] = {"y": {"fn": "exact_answer"}}  # the root x has no reward
+    err = refused(base, tmp_path)
+    assert err.field == "run.select" and "alone (x) from their rewards, and none has" in str(err)
+
+
+def test_srt_loads_and_needs_every_agent_on_the_hf_backend(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    for agent in base["agents"].values():
+        agent["backend"] = "hf"
+    base["run"] = {"rollout": {"policy": "srt", "draft": 6}}
+    rollout = load(base, tmp_path).run.rollout
+    assert rollout == SpeculativeRollout(policy="srt", draft=6, match=3, history=16)
+    assert rollout.speculation() == (6, 3, 16) and FullRollout().speculation() is None
+    base["run"] = {"rollout": {"policy": "srt", "drafts": 6}}
+    assert refused(base, tmp_path).field == "run.rollout.srt.drafts"
+    base["run"] = {"rollout": {"policy": "srt"}}
+    base["agents"]["b"]["backend"] = "vllm"
+    err = refused(base, tmp_path)
+    assert err.field == "run.rollout" and "set `backend: hf` for b" in str(err)

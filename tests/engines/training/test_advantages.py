@@ -32,6 +32,8 @@ def ref_loop(name: str, rewards: list[float], idx: list[int]) -> list[float]:
             out.append(0.0 if n == 1 else r - (sum(rs) - r) / (n - 1))
         elif name == "reinforce":
             out.append(r - sum(rewards) / len(rewards))
+        elif name == "maxrl":
+            out.append(0.0 if n == 1 else (r - mean) / (abs(mean) + 1e-6))
     return out
 
 
@@ -45,7 +47,7 @@ def _random_case(seed: int, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     return rewards, idx
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo", "reinforce"])
+@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo", "reinforce", "maxrl"])
 @pytest.mark.parametrize(("seed", "n_groups"), [(0, 1), (1, 5), (2, 17), (3, 40)])
 def test_matches_reference_loop(name: str, seed: int, n_groups: int) -> None:
     rewards, idx = _random_case(seed, n_groups)
@@ -63,6 +65,16 @@ def test_singletons_and_equal_rewards_give_zero() -> None:
         assert compute_advantages(name, rewards, idx).tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_maxrl_weighs_a_hard_prompts_rare_success_by_one_over_its_rate() -> None:
+    """0/1 rewards: a success in a group of success rate p gets (1 - p)/p, a failure -1; a
+    group with no success teaches nothing (GRPO would give it 0 too)."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    idx = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2])
+    got = compute_advantages("maxrl", rewards, idx).tolist()
+    want = [3.0, -1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True))
+
+
 def test_float32_in_float32_out() -> None:
     rewards = torch.tensor([0.0, 1.0, 1.0, 0.0], dtype=torch.float32)
     adv = compute_advantages("grpo", rewards, torch.tensor([0, 0, 1, 1]))
@@ -71,7 +83,7 @@ def test_float32_in_float32_out() -> None:
 
 
 def test_unknown_name_lists_known() -> None:
-    with pytest.raises(KeyError, match="known: grpo, grpo_no_std, reinforce, rloo"):
+    with pytest.raises(KeyError, match="known: grpo, grpo_no_std, maxrl, reinforce, rloo"):
         compute_advantages("ppo", torch.zeros(2), torch.zeros(2, dtype=torch.long))
     assert set(ADVANTAGES.names()) >= {"grpo", "rloo"}
 
