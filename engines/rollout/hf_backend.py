@@ -125,6 +125,7 @@ class HFBackend:
         self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
         self.drafts = DraftHistory()  # earlier completions per prompt (speculative rollout)
         self.passes = 0  # forward passes of the last speculative call
+        self.compact = True  # speculative decoding drops finished rows (bench.srt turns it off)
 
     def max_context(self) -> int:
         return self._context
@@ -175,6 +176,7 @@ class HFBackend:
             set(self._eos) | set(params.stop_token_ids),
             indexes,
             processed_logits,
+            self.compact,
         )
         for i, p in enumerate(prompts):
             for c in comps[i * params.n : (i + 1) * params.n]:

@@ -153,11 +153,14 @@ def speculative_sample(
     stop: set[int],
     indexes: list[tuple[SuffixIndex, int]],
     processed: Any,
+    compact: bool = True,
 ) -> tuple[list[Completion], int]:
     """Sample every row of the left-padded prompts `ids`, `mask` (R, L) to a stop token or
     its budget with drafts from `indexes` (per row: its prompt's index and its sequence id
     there). Returns the completions and the number of forward passes.
-    `processed(logits, T, top_p)` gives the sampling distribution's logits."""
+    `processed(logits, T, top_p)` gives the sampling distribution's logits. `compact`:
+    finished rows leave the batch (a long-tail batch is mostly finished rows; kept only to
+    measure what that is worth)."""
     spec = params.speculate
     assert spec is not None
     dev, pad = ids.device, 0
@@ -197,19 +200,34 @@ def speculative_sample(
         index, sid = indexes[r]
         index.extend(sid, emit(r, [first[r]], [first_lp[r]]))
     pending = nxt
-    while not all(done):
-        room = [min(spec.draft, budgets[r] - len(toks[r]) - 1) for r in range(n)]
-        drafts = [[] if done[r] else indexes[r][0].draft(indexes[r][1], room[r]) for r in range(n)]
-        k = max(len(d) for d in drafts)
-        live = torch.tensor([not d for d in done], device=dev)
-        block = torch.full((n, k + 1), pad, dtype=torch.long, device=dev)
+    alive = list(range(n))  # the original row of each batch position
+    while True:
+        if compact:  # finished rows leave the batch (their cache rows too)
+            keep = [b for b, r in enumerate(alive) if not done[r]]
+            if not keep:
+                break
+            if len(keep) < len(alive):
+                sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                past.batch_select_indices(sel)
+                mask, next_pos, pending = mask[sel], next_pos[sel], pending[sel]
+                alive = [alive[b] for b in keep]
+        if all(done[r] for r in alive):
+            break
+        room = [min(spec.draft, budgets[r] - len(toks[r]) - 1) for r in alive]
+        drafts = [
+            [] if done[r] else indexes[r][0].draft(indexes[r][1], room[b])
+            for b, r in enumerate(alive)
+        ]
+        b_n, k = len(alive), max(len(d) for d in drafts)
+        live = torch.tensor([not done[r] for r in alive], device=dev)  # (B,)
+        block = torch.full((b_n, k + 1), pad, dtype=torch.long, device=dev)  # (B, K+1)
         block[:, 0] = pending
-        lengths = torch.tensor([len(d) for d in drafts], device=dev)
-        for r, d in enumerate(drafts):
+        lengths = torch.tensor([len(d) for d in drafts], device=dev)  # (B,)
+        for b, d in enumerate(drafts):
             if d:
-                block[r, 1 : 1 + len(d)] = torch.tensor(d, device=dev)
+                block[b, 1 : 1 + len(d)] = torch.tensor(d, device=dev)
         cols = torch.arange(k + 1, device=dev)
-        new_mask = ((cols[None, :] <= lengths[:, None]) & live[:, None]).long()  # (R, K+1)
+        new_mask = ((cols[None, :] <= lengths[:, None]) & live[:, None]).long()  # (B, K+1)
         out = model(
             input_ids=block,
             attention_mask=torch.cat([mask, new_mask], -1),
@@ -219,17 +237,17 @@ def speculative_sample(
         )
         passes += 1
         past = out.past_key_values
-        logits = out.logits.float()  # (R, K+1, V)
+        logits = out.logits.float()  # (B, K+1, V)
         logp = torch.log_softmax(processed(logits, params.temperature, params.top_p), -1)
         accepted, token = verify(logp, block[:, 1:], lengths, gen)
-        emitted = torch.cat([block[:, 1:], block[:, :1]], -1)  # (R, K+1): drafts, then ...
-        emitted[torch.arange(n, device=dev), accepted] = token  # ... the sampled token
-        lp_all = logp.gather(-1, emitted[..., None])[..., 0].tolist()  # (R, K+1)
+        emitted = torch.cat([block[:, 1:], block[:, :1]], -1)  # (B, K+1): drafts, then ...
+        emitted[torch.arange(b_n, device=dev), accepted] = token  # ... the sampled token
+        lp_all = logp.gather(-1, emitted[..., None])[..., 0].tolist()  # (B, K+1)
         acc, tok = accepted.tolist(), token.tolist()
-        for r in range(n):
+        for b, r in enumerate(alive):
             if not done[r]:
-                new = [*drafts[r][: acc[r]], tok[r]]
-                indexes[r][0].extend(indexes[r][1], emit(r, new, lp_all[r][: acc[r] + 1]))
+                new = [*drafts[b][: acc[b]], tok[b]]
+                indexes[r][0].extend(indexes[r][1], emit(r, new, lp_all[b][: acc[b] + 1]))
         new_mask[cols[None, :] > accepted[:, None]] = 0  # rejected drafts become holes
         mask = torch.cat([mask, new_mask], -1)
         next_pos = next_pos + 1 + accepted

@@ -305,7 +305,7 @@ class VLLMBackend:
         if params.speculate is not None:
             raise BadRequestError(
                 "speculative rollout (run.rollout: srt) drafts on the hf backend only; "
-                "vLLM's own n-gram speculation is not wired in (docs/rollout-policies.md#srt)"
+                "vLLM's own n-gram speculation is not wired in (docs/rollout-policies.md, SRT)"
             )
         lora = None if adapter is None else self._lora(adapter)
         if not prompts:
