@@ -104,6 +104,9 @@ class DraftHistory:
         self._done.clear()
 
     def remember(self, prompt: Sequence[int], completion: Sequence[int], keep: int) -> None:
+        """Keep `completion` among the last `keep` of `prompt` (none with keep 0)."""
+        if keep <= 0:
+            return
         key = tuple(prompt)
         kept = self._done.setdefault(key, [])
         kept.append(tuple(completion))

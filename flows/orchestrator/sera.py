@@ -91,7 +91,7 @@ def allocate(
     need = min(math.ceil(slots / max_episodes), len(rates), slots)
     if len(active) < need:
         active = order[:need]
-    active = sorted(active)[:slots]
+    active = sorted(active[:slots])  # the most mixed, if more than the slots
     units = [0] * len(rates)
     for q in active:
         units[q] = 1

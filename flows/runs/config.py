@@ -195,7 +195,7 @@ def check_lora(spec: MEGSpec, source: str) -> None:
                 str(e), source=source, field=f"agents.{name}.lora.target_modules"
             ) from None
         if agent.backend == "vllm":
-            from engines.rollout.vllm_backend import lora_architecture_problem
+            from engines.rollout.vllm_support import lora_architecture_problem
 
             problem = lora_architecture_problem(local)
             if problem:

@@ -214,7 +214,7 @@ def test_updated_engine_matches_fresh_engine_with_same_weights(
 def test_vllm_sampled_logprobs_reads_flat_and_dict_forms() -> None:
     from vllm.logprobs import FlatLogprobs, Logprob
 
-    from engines.rollout.vllm_backend import sampled_logprobs
+    from engines.rollout.vllm_support import sampled_logprobs
 
     steps = [{7: Logprob(logprob=-0.5, rank=1)}, {9: Logprob(logprob=-2.0, rank=3)}]
     flat = FlatLogprobs()
@@ -230,7 +230,7 @@ def test_vllm_sampled_logprobs_reads_flat_and_dict_forms() -> None:
 def test_vllm_reload_log_filter_drops_only_the_rotary_buffer_warning() -> None:
     import logging
 
-    from engines.rollout.vllm_backend import quiet_reload_warnings
+    from engines.rollout.vllm_support import quiet_reload_warnings
 
     quiet_reload_warnings()
     quiet_reload_warnings()  # idempotent

@@ -39,6 +39,8 @@ def test_the_history_keeps_the_last_completions_of_the_latest_prompts() -> None:
     h.remember([1], [1], 2)
     h.remember([2], [2], 2)  # a third prompt: the least recently used one is forgotten
     assert h.index([7, 8, 9], spec).seqs == [] and h.index([2], spec).seqs == [[2, 2]]
+    h.remember([3], [4], keep=0)  # history 0: siblings only, nothing kept
+    assert h.index([3], spec).seqs == []
 
 
 def emitted(accepted: torch.Tensor, token: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
