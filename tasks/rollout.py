@@ -138,11 +138,14 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
     eos = tokenizer_of(ctx, nspec.agent).eos_token_id
     seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}".encode())
     drafting = spec.run.rollout.speculation()
+    max_tokens = spec.node_max_tokens(node)
+    if drafting is not None and max_tokens <= drafting[0]:
+        drafting = None  # a few-token node (a verdict) has nothing to draft
     return SamplingParams(
         n=nspec.n,
         temperature=agent.sampling.temperature,
         top_p=agent.sampling.top_p,
-        max_tokens=spec.node_max_tokens(node),
+        max_tokens=max_tokens,
         seed=seed,
         stop_token_ids=(eos,) if eos is not None else (),
         speculate=Speculation(*drafting) if drafting is not None else None,

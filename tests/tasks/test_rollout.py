@@ -92,3 +92,18 @@ def test_a_version_not_yet_published_raises_naming_the_agent(new_ctx, mode: str)
     with pytest.raises(RuntimeError, match=r"agent 'solver': version 3 is required .* is 2"):
         ensure_weights(ctx, host, AGENT, 3)
     assert (host.version, host.loaded) == (0, [])
+
+
+def test_srt_drafts_where_a_node_has_room_for_a_draft(new_ctx, tiny_model: str) -> None:
+    """Under `rollout: srt` (draft 4) the solver's 6-token answers are drafted for; the
+    verifier's 4-token verdicts, no longer than one draft, are sampled plainly."""
+    from engines.rollout.base import Speculation
+    from tasks.rollout import sampling_for
+    from tests.tasks.conftest import math_chain
+
+    spec = math_chain(tiny_model).with_run(rollout={"policy": "srt", "draft": 4})
+    ctx = new_ctx(spec=spec)
+    assert sampling_for(ctx, "solve", 0, 0).speculate == Speculation(4, 3, 16)
+    assert sampling_for(ctx, "verify", 0, 0).speculate is None
+    plain = new_ctx("plain", spec=math_chain(tiny_model))
+    assert sampling_for(plain, "solve", 0, 0).speculate is None
