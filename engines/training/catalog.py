@@ -18,7 +18,7 @@ REGISTRIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "advantage": (
         "engines.training.advantages",
         "ADVANTAGES",
-        ("grpo", "grpo_no_std", "rloo", "reinforce"),
+        ("grpo", "grpo_no_std", "rloo", "reinforce", "maxrl"),
     ),
     "policy_loss": ("engines.training.losses", "POLICY_LOSSES", ("grpo", "dr_grpo")),
     "aggregation": (

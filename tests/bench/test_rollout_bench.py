@@ -1,9 +1,8 @@
 """The rollout benchmark's --small run: keys and sanity, never timings.
 
 `balance_speedup` (1.52-2.19x at full size) is a makespan of measured generation times, so
-its value is not asserted; its direction comes from the split the balancer ends on, which
-is asserted: with the solver on 2 hosts instead of 1, the busiest host is asked for half the
-solver's tokens (128 instead of 256 a step in the small trace). `ratio_vs_direct_vllm` and
+its value is not asserted, nor which split the balancer ends on (it decides from those
+measured times); the direction of a split on skewed demand is the pure balancer's test. `ratio_vs_direct_vllm` and
 `vllm_after_update_ratio` (both ~1.0) are wall-clock with no direction to hold; what they
 rest on is asserted: the same tokens on both sides."""
 
@@ -48,5 +47,11 @@ def test_rollout_bench_small_writes_all_metrics(tmp_path: Path) -> None:
         assert all(0.0 <= f < 1.0 for f in r[arm]["idle_fraction"].values())
         assert sum(r[arm]["final_hosts"].values()) == r["hosts"]
     assert r["off"]["final_hosts"] == {"planner": 2, "solver": 1, "verifier": 1}
-    assert r["on"]["final_hosts"]["solver"] == 2  # the heavy agent got the spare host
-    assert r["off"]["swaps"] == 0 and r["on"]["swaps"] >= 1
+    assert r["off"]["swaps"] == 0
+    # the "on" arm's balancer decides from the measured seconds of real vLLM calls: whether
+    # it moves a host in 2 steps, and to which agent, depends on the machine (a slow call on
+    # a loaded CI machine can make the verifier look heavier), so only what holds either way
+    # is asserted here; that skewed demand moves the spare host to the heavy agent is the
+    # pure balancer's test (test_balancer.py::test_skewed_demand_moves_hosts_...)
+    moved = r["on"]["final_hosts"] != r["off"]["final_hosts"]
+    assert moved == (r["on"]["swaps"] >= 1) and r["on"]["swaps"] >= 0

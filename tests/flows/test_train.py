@@ -50,9 +50,13 @@ def test_modes_are_consistent_from_the_store_alone(
     # 4 episodes × (4 solver + 8 verifier samples) × 3 steps
     assert out["consistency"]["rows_checked"] == 3 * 4 * 12
     assert out["consistency"]["violations"] == 0
-    # async(1) must actually use its slack: step 1's rollout starts before step 0 trained,
-    # so some rows are one version old; flex and sync never are
-    assert out["consistency"]["max_lag"] == staleness
+    # flex and sync never lag; async(1) may lag by one version. Whether a row here is one
+    # version old is a race (the verifier's and the solver's trainings may publish before
+    # the next rollout starts); that async does use its slack is asserted where the task
+    # graph forces it (tests/flows/test_lora.py, a team-rewarded root)
+    assert out["consistency"]["max_lag"] <= staleness
+    if staleness == 0:
+        assert out["consistency"]["max_lag"] == 0
     # the audit re-reads the store: the same verdict without the orchestrator's word
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     audit = audit_consistency(store)

@@ -90,25 +90,25 @@ def test_math_verdict_needs_its_target_and_declares_reads() -> None:
 
 def test_rewards_work_outside_the_main_thread() -> None:
     """Dask runs rewards in worker threads; math-verify's signal timeouts would raise there."""
-    results: list[float] = []
+    results: list[list[float]] = [[], [], []]  # one list per thread: no interleaving
     errors: list[BaseException] = []
     texts = [*RIGHT, *WRONG, " 7 + 8 = 15", " 1,000,001"]  # some not parsed before (no cache)
 
-    def run() -> None:
+    def run(mine: list[float]) -> None:
         try:
-            for text in texts:
-                s = SampleView(f"e/solve/0/{len(results)}", "solve", text, ())
-                results.append(get_reward("math_answer")(s, EpisodeView({s.id: s}), TASK))
+            for k, text in enumerate(texts):
+                s = SampleView(f"e/solve/0/{k}", "solve", text, ())
+                mine.append(get_reward("math_answer")(s, EpisodeView({s.id: s}), TASK))
             sample, episode = _verify_episode(" 3 + 1 = 5", " no")
-            results.append(get_reward("math_verdict")(sample, episode, TASK, target="solve"))
+            mine.append(get_reward("math_verdict")(sample, episode, TASK, target="solve"))
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
+    threads = [threading.Thread(target=run, args=(mine,)) for mine in results]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
     one = [*[1.0] * len(RIGHT), *[0.0] * len(WRONG), 0.0, 0.0, 1.0]
-    assert results == one * 3
+    assert results == [one] * 3
