@@ -230,8 +230,10 @@ def validate(
                 "`register_reward(..., decided=fn)`)",
                 "run.rollout",
             )
-    if spec.run.rollout.speculation() is not None:
-        on_vllm = [name for name, agent in spec.agents.items() if agent.backend != "hf"]
+    drafting = spec.run.rollout.speculation()
+    if drafting is not None:  # the agents of nodes with room for a draft (tasks.rollout)
+        drafted = {n.agent for k, n in spec.nodes.items() if spec.node_max_tokens(k) > drafting[0]}
+        on_vllm = sorted(a for a in drafted if spec.agents[a].backend != "hf")
         if on_vllm:
             raise fail(
                 "the srt rollout policy drafts and verifies on the hf backend; set "

@@ -29,7 +29,7 @@ small pure methods; the orchestrator and the generate task call those methods, n
 - `srt` (speculative rollout): each sample drafts `draft` tokens from earlier rollouts of
   its prompt (its siblings', and the engine's last `history` of that prompt) and the policy
   verifies them in one forward pass; the sampled distribution is exactly the policy's, in
-  fewer passes. `hf` backend agents only.
+  fewer passes, on the `hf` backend; nodes of no more tokens than a draft sample plainly.
 - `all` (default selection): every planned prompt is rolled out.
 - `bandit` (contextual rollout bandit): a LinUCB over each prompt's history (how often its
   episodes taught something, its mean reward, how often it was seen) ranks a step's planned

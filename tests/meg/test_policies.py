@@ -284,3 +284,5 @@ def test_srt_loads_and_needs_every_agent_on_the_hf_backend(
     base["agents"]["b"]["backend"] = "vllm"
     err = refused(base, tmp_path)
     assert err.field == "run.rollout" and "set `backend: hf` for b" in str(err)
+    base["agents"]["b"]["sampling"] = {"max_tokens": 4}  # a verdict: sampled plainly
+    assert load(base, tmp_path).agents["b"].backend == "vllm"
