@@ -190,6 +190,11 @@ class AllPrompts(_Policy):
         advantage group (SERA gives a prompt several episodes)."""
         return False
 
+    @property
+    def mean_episodes(self) -> int:
+        """Episodes a prompt gets on average in a micro-batch."""
+        return 1
+
 
 class GresoSelect(AllPrompts):
     """Skip prompts whose recent episodes taught nothing, keeping a floor of exploration."""
@@ -242,7 +247,7 @@ class BanditSelect(AllPrompts):
 class SeraSelect(AllPrompts):
     """Group sizes from a per-micro-batch budget by estimated difficulty (SERA): prompt q
     gets k_q episodes (k_q · n samples of the root in one advantage group, its advantages
-    scaled by 1/k_q), the k_q equalizing the chance that a group teaches something."""
+    scaled by base/k_q), the k_q equalizing the chance that a group teaches something."""
 
     policy: Literal["sera"]  # type: ignore[assignment]
     base: int = Field(
@@ -289,6 +294,10 @@ class SeraSelect(AllPrompts):
     @property
     def merges_groups(self) -> bool:
         return True
+
+    @property
+    def mean_episodes(self) -> int:
+        return self.base
 
 
 def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:

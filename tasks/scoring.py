@@ -106,13 +106,14 @@ def group_keys(
     )
 
 
-def multiplicity(keys: np.ndarray, episodes: np.ndarray) -> np.ndarray:
-    """Per row, 1/k for a group spanning k episodes: a prompt given k episodes weighs as one
-    group (SERA's multiplicity correction); 1 for an invocation's own group. Pure."""
+def multiplicity(keys: np.ndarray, episodes: np.ndarray, base: int = 1) -> np.ndarray:
+    """Per row, base/k for a group spanning k episodes (SERA's multiplicity correction
+    N0/N_q): a prompt given k episodes weighs as one at the mean, `base` episodes, so an
+    even allocation trains exactly as uniform groups of `base · n` samples. Pure."""
     spans: dict[str, set[str]] = defaultdict(set)
     for g, e in zip(keys.tolist(), episodes.tolist(), strict=True):
         spans[g].add(e)
-    return np.array([1.0 / len(spans[g]) for g in keys.tolist()], np.float32)
+    return np.array([base / len(spans[g]) for g in keys.tolist()], np.float32)
 
 
 def advantages_for(
@@ -123,7 +124,8 @@ def advantages_for(
     episodes: tuple[Episode, ...] = (),
 ) -> np.ndarray:
     """Group advantages with the node's agent estimator over the rows `scored.used`, a
-    group per `group_keys`, scaled by `multiplicity`. Rows left out (a dropped group) get 0."""
+    group per `group_keys` (merged ones scaled by `multiplicity`). Rows left out (a dropped
+    group) get 0."""
     adv = np.zeros(len(batch), np.float32)
     use = np.flatnonzero(scored.used)
     if len(use) == 0:
@@ -135,7 +137,10 @@ def advantages_for(
         loss.advantage,
         torch.from_numpy(scored.reward[use]),
         torch.from_numpy(group_index.astype(np.int64)),
-    ).numpy() * multiplicity(keys, batch.episode[use])
+    ).numpy()
+    select = ctx.spec.run.select
+    if select.merges_groups and not ctx.spec.nodes[node].inputs:  # SERA's correction
+        adv[use] *= multiplicity(keys, batch.episode[use], select.mean_episodes)
     return adv
 
 

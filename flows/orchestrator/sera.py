@@ -28,8 +28,8 @@ one episode, and each further episode goes to the prompt whose κ is lowest.
   and failures); if that leaves too few prompts to spend the budget, the most promising
   ones are kept.
 - A prompt with k episodes is one advantage group over its k·n root samples, advantages
-  scaled by 1/k (`tasks.scoring`: the paper's multiplicity correction, so a prompt weighs
-  as one group however many samples it got).
+  scaled by base/k (`tasks.scoring`: the paper's multiplicity correction N0/N_q, so a
+  prompt weighs as one group of the mean size however many samples it got).
 
 Determinism, as for GRESO (`selection.py`): step k is allocated from the history of the
 steps up to k − window, read in step order; a resumed run re-plans to the same choices.

@@ -107,7 +107,7 @@ def test_sera_gives_a_prompt_several_episodes_in_one_group(
 ) -> None:
     """8 episodes of n = 2 per step, 2 micro-batches: each micro-batch's 4 episodes go to its
     2 planned prompts by their estimated success rate. A prompt's rows are one MaxRL group
-    whose advantages are scaled by 1/k for its k episodes; what the run reports as episodes
+    whose advantages are scaled by base/k for its k episodes; what the run reports as episodes
     beyond the mean is what the store holds."""
     cfg = policy_config(tmp_path, longtail_model, "longtail", select={"policy": "sera"})
     data = yaml.safe_load(cfg.read_text())
@@ -125,7 +125,7 @@ def test_sera_gives_a_prompt_several_episodes_in_one_group(
         beyond[step] += max(episodes - 2, 0)
         prompts[step] += 1
         r = rows.reward[idx].astype(np.float64)
-        want = (r - r.mean()) / (abs(r.mean()) + 1e-6) / episodes
+        want = (r - r.mean()) / (abs(r.mean()) + 1e-6) * 2 / episodes  # base 2 / k
         assert np.allclose(rows.advantage[idx], want, rtol=1e-4, atol=1e-5)
     for r in out["per_step"]:
         assert len(set(rows.episode[rows.step == r["step"]].tolist())) == 8

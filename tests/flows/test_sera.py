@@ -146,7 +146,8 @@ def test_a_prompts_episodes_are_one_group_for_the_root_only(tmp_path: Path) -> N
     solve = batch([(e, "solve", 3) for e, _ in episodes for _ in range(2)])
     keys = group_keys(ctx, "solve", solve, episodes)
     assert keys.tolist() == ["3/tA/solve"] * 4 + ["3/tB/solve"] * 2
-    assert multiplicity(keys, solve.episode).tolist() == [0.5] * 4 + [1.0] * 2
+    # base 2: a prompt at the mean (2 episodes) weighs 1, one with a single episode 2
+    assert multiplicity(keys, solve.episode, 2).tolist() == [1.0] * 4 + [2.0] * 2
     verify = batch([(e, "verify", 3) for e, _ in episodes])  # it reads a solver sample
     assert np.array_equal(group_keys(ctx, "verify", verify, episodes), verify.group_id)
     plain = RunContext("p", ctx.store_url, ctx.spec.with_run(select={"policy": "all"}))
