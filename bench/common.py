@@ -1,5 +1,5 @@
-"""What the benchmarks share: one short training run on a given cluster, and the results
-file every benchmark writes."""
+"""What the benchmarks share: one short training run on a given cluster, the results file
+every benchmark writes, and the teacher-forced logprobs a sampler's must equal."""
 
 from __future__ import annotations
 
@@ -52,3 +52,19 @@ def write_results(results: dict[str, Any], path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(results, indent=2))
     print(f"results written to {path}")
+
+
+def teacher_forced_logprobs(
+    model: Any, prompt: list[int], response: list[int], temperature: float = 1.0
+) -> Any:
+    """(len(response),) tensor: the logprob `model` gives each response token after the
+    prompt and the tokens before it, one forward pass, under the sampling distribution at
+    `temperature` (what a sampler must have stored for the tokens to be the policy's own)."""
+    import torch
+
+    from engines.rollout.hf_backend import processed_logits
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+    logp = torch.log_softmax(processed_logits(logits[len(prompt) - 1 : -1], temperature, 1.0), -1)
+    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]

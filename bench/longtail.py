@@ -82,7 +82,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.common import train_run, write_results
+from bench.common import teacher_forced_logprobs, train_run, write_results
 from bench.e2e import steady_state
 from bench.longtail_report import ratios, render
 from flows.cli.main import main as cli
@@ -193,17 +193,13 @@ def logprob_gap(model_dir: str, rows: Any) -> float:
     """The largest gap, over `rows` of version 0, between a stored logprob and the one the
     model in `model_dir` gives that token under teacher forcing (temperature 1): 0 up to
     float noise when what was sampled is the policy's own distribution."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     gap = 0.0
     for i in np.flatnonzero(rows.policy_version == 0):
         prompt, resp = rows.prompt(i).tolist(), rows.response(i).tolist()
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + resp])).logits[0].float()
-        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
-        want = logp.gather(-1, torch.tensor(resp)[:, None])[:, 0].numpy()
+        want = teacher_forced_logprobs(model, prompt, resp).numpy()
         got = rows.logprobs[rows.response_offsets[i] : rows.response_offsets[i + 1]]
         gap = max(gap, float(np.abs(got - want).max()))
     return round(gap, 6)

@@ -37,7 +37,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import write_results
+from bench.common import teacher_forced_logprobs, write_results
 from bench.cut import longtail_prompts
 from bench.longtail import build_model
 from engines.rollout.base import SamplingParams, Speculation, make_backend
@@ -52,11 +52,8 @@ def teacher_gap(hf: HFBackend, prompts: list[list[int]], outs: list[list[Any]]) 
     gap = 0.0
     for prompt, group in zip(prompts, outs, strict=True):
         for c in group:
-            ids = torch.tensor([prompt + list(c.response_ids)])
-            with torch.no_grad():
-                logits = hf.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-            want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.response_ids)[:, None])
-            gap = max(gap, float((torch.tensor(c.logprobs) - want[:, 0]).abs().max()))
+            want = teacher_forced_logprobs(hf.model, prompt, list(c.response_ids))
+            gap = max(gap, float((torch.tensor(c.logprobs) - want).abs().max()))
     return gap
 
 

@@ -230,16 +230,18 @@ def validate(
                 "`register_reward(..., decided=fn)`)",
                 "run.rollout",
             )
-    drafting = spec.run.rollout.speculation()
-    if drafting is not None:  # the agents of nodes with room for a draft (tasks.rollout)
-        drafted = {n.agent for k, n in spec.nodes.items() if spec.node_max_tokens(k) > drafting[0]}
-        on_vllm = sorted(a for a in drafted if spec.agents[a].backend != "hf")
-        if on_vllm:
-            raise fail(
-                "the srt rollout policy drafts and verifies on the hf backend; set "
-                f"`backend: hf` for {', '.join(on_vllm)}",
-                "run.rollout",
-            )
+    drafted = {
+        n.agent
+        for k, n in spec.nodes.items()
+        if spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None
+    }
+    on_vllm = sorted(a for a in drafted if spec.agents[a].backend != "hf")
+    if on_vllm:  # the agents srt drafts for (`RolloutPolicy.speculation`)
+        raise fail(
+            "the srt rollout policy drafts and verifies on the hf backend; set "
+            f"`backend: hf` for {', '.join(on_vllm)}",
+            "run.rollout",
+        )
     if spec.run.select.merges_groups:
         roots = [n for n, node in spec.nodes.items() if not node.inputs]
         if not any(n in spec.rewards for n in roots):

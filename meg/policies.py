@@ -89,8 +89,9 @@ class FullRollout(_Policy):
         """Responses a group of `n` samples (the node's `n`) launches (darts: more)."""
         return n
 
-    def speculation(self) -> tuple[int, int, int] | None:
-        """(draft, match, history) of a speculative rollout (srt), None to decode plainly."""
+    def speculation(self, max_tokens: int) -> tuple[int, int, int] | None:
+        """(draft, match, history) of a speculative rollout (srt) for a node of `max_tokens`,
+        None to decode it plainly."""
         return None
 
 
@@ -168,7 +169,9 @@ class SpeculativeRollout(FullRollout):
         16, ge=0, le=256, description="Earlier completions of each prompt kept to draft from."
     )
 
-    def speculation(self) -> tuple[int, int, int] | None:
+    def speculation(self, max_tokens: int) -> tuple[int, int, int] | None:
+        if max_tokens <= self.draft:
+            return None  # a few-token node (a verdict) has nothing to draft
         return (self.draft, self.match, self.history)
 
 

@@ -137,10 +137,8 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
     agent = spec.agents[nspec.agent]
     eos = tokenizer_of(ctx, nspec.agent).eos_token_id
     seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}".encode())
-    drafting = spec.run.rollout.speculation()
     max_tokens = spec.node_max_tokens(node)
-    if drafting is not None and max_tokens <= drafting[0]:
-        drafting = None  # a few-token node (a verdict) has nothing to draft
+    drafting = spec.run.rollout.speculation(max_tokens)
     return SamplingParams(
         n=nspec.n,
         temperature=agent.sampling.temperature,

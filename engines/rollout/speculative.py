@@ -137,10 +137,9 @@ def verify(
     accepted = ok.long().cumprod(-1).sum(-1)  # (R,) leading accepts
     rows = torch.arange(r, device=logp.device)
     dist = probs[rows, accepted].clone()  # (R, V) p where the next token is sampled
-    rejected = accepted < lengths  # (R,)
-    at = drafts[rows, accepted.clamp(max=max(k - 1, 0))] if k else rows * 0  # (R,)
-    if k:
-        dist[rows[rejected], at[rejected]] = 0.0  # the rejected draft leaves the residual
+    rejected = (accepted < lengths).nonzero()[:, 0]  # rows whose draft `accepted` failed
+    if len(rejected):  # the rejected draft leaves the residual
+        dist[rejected, drafts[rejected, accepted[rejected]]] = 0.0
     empty = dist.sum(-1) <= 0  # p(d) rounded to 1 and still rejected: keep d
     dist[empty] = probs[rows, accepted][empty]
     token = torch.multinomial(dist, 1, generator=gen)[:, 0]  # (R,)

@@ -277,7 +277,8 @@ def test_srt_loads_and_needs_every_agent_on_the_hf_backend(
     base["run"] = {"rollout": {"policy": "srt", "draft": 6}}
     rollout = load(base, tmp_path).run.rollout
     assert rollout == SpeculativeRollout(policy="srt", draft=6, match=3, history=16)
-    assert rollout.speculation() == (6, 3, 16) and FullRollout().speculation() is None
+    assert rollout.speculation(64) == (6, 3, 16) and FullRollout().speculation(64) is None
+    assert rollout.speculation(6) is None  # no more tokens than a draft: sampled plainly
     base["run"] = {"rollout": {"policy": "srt", "drafts": 6}}
     assert refused(base, tmp_path).field == "run.rollout.srt.drafts"
     base["run"] = {"rollout": {"policy": "srt"}}

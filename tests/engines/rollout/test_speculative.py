@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.common import teacher_forced_logprobs
 from engines.rollout.base import BadRequestError, Cut, SamplingParams, Speculation, make_backend
-from engines.rollout.hf_backend import HFBackend, processed_logits
+from engines.rollout.hf_backend import HFBackend
 from engines.rollout.speculative import DraftHistory, SuffixIndex, verify
 
 
@@ -99,11 +100,7 @@ PROMPTS = [[5, 17, 33, 2, 90], [7, 7], [100, 3, 4, 8, 9, 12, 14]]
 def teacher_forced(
     hf: HFBackend, prompt: list[int], resp: tuple[int, ...], t: float
 ) -> list[float]:
-    ids = torch.tensor([prompt + list(resp)])
-    with torch.no_grad():
-        logits = hf.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    logp = torch.log_softmax(processed_logits(logits, t, 1.0), -1)
-    return logp.gather(-1, torch.tensor(resp)[:, None])[:, 0].tolist()
+    return teacher_forced_logprobs(hf.model, prompt, list(resp), t).tolist()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.001])
