@@ -133,6 +133,8 @@ def score_groups(
     groups: dict[tuple[str, ...], list[str]] = {}
     loads: dict[tuple[str, ...], set[str]] = {}
     for node in order:
+        if spec.nodes[node].is_tool:  # scored where it runs (its tool's own reward)
+            continue
         read = reads.get(node, ())
         if read is None:
             read = spec.nodes

@@ -15,10 +15,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from meg.agentic_checks import check_agentic
 from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE, known_fanouts
 from meg.graph import children_map, find_cycle
 from meg.limits import MAX_NODES
+from meg.loops import LoopError, expand_bound, expand_rewards, fill_tool_agents, unroll_loop
 from meg.registry import Registry
 from meg.sizes import step_samples_problem
 from meg.spec import NAME, MEGSpec
@@ -71,6 +73,54 @@ def build_spec(data: dict[str, Any], source: str = "<memory>") -> MEGSpec:
         field = ".".join(str(p) for p in err["loc"])
         more = f" (and {len(e.errors()) - 1} more problem(s))" if len(e.errors()) > 1 else ""
         raise MEGError(f"{err['msg']}{more}", source=source, field=field) from None
+    spec = _unroll_exchanges(spec, source)
+    return _unroll_loops(spec, source)
+
+
+def _unroll_loops(spec: MEGSpec, source: str) -> MEGSpec:
+    """Loops into nodes (`meg.loops`), rewards and team nodes of body names to every round,
+    and tool nodes' agents filled in."""
+    nodes = dict(spec.nodes)
+    for name, loop in spec.loops.items():
+        clash = sorted(set(loop.body) & set(nodes))
+        if clash:
+            raise MEGError(
+                f"body node(s) {', '.join(clash)} are also top-level nodes; rewards naming "
+                "them would be ambiguous: rename one",
+                source=source,
+                field=f"loops.{name}.body",
+            )
+        try:
+            unrolled = unroll_loop(name, loop)
+        except LoopError as e:
+            raise MEGError(str(e), source=source, field=e.field) from None
+        for n in unrolled:
+            if n in nodes:
+                raise MEGError(
+                    f"duplicate node name {n!r}: loop {name!r} unrolls into it and it is "
+                    "already defined",
+                    source=source,
+                    field=f"loops.{name}",
+                )
+        nodes.update(unrolled)
+    if len(nodes) > MAX_NODES:
+        raise MEGError(
+            f"the loops unroll into {len(nodes):,} nodes; the limit is {MAX_NODES:,}",
+            source=source,
+            field="loops",
+        )
+    team = spec.team_nodes
+    return spec.model_copy(
+        update={
+            "nodes": fill_tool_agents(nodes),
+            "loops": {},
+            "rewards": expand_rewards(spec.rewards, spec.loops),
+            "team_nodes": None if team is None else expand_bound(team, spec.loops),
+        }
+    )
+
+
+def _unroll_exchanges(spec: MEGSpec, source: str) -> MEGSpec:
     if not spec.exchanges:
         return spec
     nodes = dict(spec.nodes)
@@ -137,10 +187,12 @@ def validate(
     source: str = "<memory>",
     known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
+    known_tools: Registry[Any] | None = None,
     check_models: bool = True,
 ) -> MEGSpec:
     """Cross-field rules. `known_rewards=None` skips the reward-name check; `known_losses`
-    maps a `LossSpec` field (`advantage`, `policy_loss`, ...) to its registered names."""
+    maps a `LossSpec` field (`advantage`, `policy_loss`, ...) to its registered names;
+    `known_tools=None` skips the tool-name check."""
 
     def fail(msg: str, field: str) -> MEGError:
         return MEGError(msg, source=source, field=field)
@@ -152,7 +204,7 @@ def validate(
             raise fail(f"invalid name {name!r}: use letters, digits, _, - and @", name)
     for name, node in spec.nodes.items():
         where = f"nodes.{name}"
-        if node.agent not in spec.agents:
+        if node.agent not in spec.agents and not (node.is_tool and not node.agent):
             raise fail(
                 f"unknown agent {node.agent!r}; known agents: {', '.join(spec.agents)}",
                 f"{where}.agent",
@@ -216,6 +268,7 @@ def validate(
         if node_name not in spec.nodes:
             raise fail(f"unknown node {node_name!r}", "team_nodes")
     check_agents(spec, fail, known_losses or {})
+    check_agentic(spec, fail, known_tools)
     problem = april_problem(spec)
     if problem:
         raise fail(problem, "run.rollout")
@@ -317,6 +370,7 @@ def load_meg(
     *,
     known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
+    known_tools: Registry[Any] | None = None,
     check_models: bool = True,
     prepare: Callable[[MEGSpec, Path], MEGSpec] | None = None,
 ) -> MEGSpec:
@@ -338,5 +392,6 @@ def load_meg(
         source=source,
         known_rewards=known_rewards,
         known_losses=known_losses,
+        known_tools=known_tools,
         check_models=check_models,
     )

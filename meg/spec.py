@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from meg.agentic_spec import LoopSpec, ToolSpec, TurnOf, WhenSpec
 from meg.limits import (
     MAX_DATASET,
     MAX_GROUP,
@@ -121,6 +122,14 @@ class LossSpec(_Frozen):
         description="Skip the forward and backward of sequences whose advantage is exactly "
         "0 (their gradient is 0); the normaliser still counts them, so the gradient is the "
         "same. Applies when kl_coef is 0 and the policy loss declares it exact.",
+    )
+    credit: str = Field(
+        "episode",
+        description="How a loop's turns share credit (`engines.training.turn_credit`): "
+        "`episode` (every turn gets its rollout's outcome advantage), `turn` (each turn's own "
+        "reward, against the same round of the group's other rollouts) or `crbc` (Cross-"
+        "Rollout Bellman Closure: per-turn values from states merged across the group). "
+        "Nodes outside loops are scored per invocation whatever this says.",
     )
     echo: EchoSpec | None = Field(
         None,
@@ -230,10 +239,15 @@ class NodeSpec(_Frozen):
     that parent's samples. At most one input may be `per_sample`: it drives the fan-out.
     """
 
-    agent: str
+    agent: str = Field(
+        "",
+        description="The agent that samples this node; for a tool node, the agent whose "
+        "table holds its rows (default: its driver input's agent).",
+    )
     template: str = Field(
+        "",
         description="Prompt template: `{question}` and the inputs' names (with `chat`: the "
-        "user message)."
+        "user message). Not for a tool node.",
     )
     n: int = Field(1, description="Samples per invocation: the GRPO group size.")
     max_tokens: int | None = Field(None, ge=1)
@@ -241,6 +255,37 @@ class NodeSpec(_Frozen):
     chat: ChatSpec | None = Field(
         None, description="Wrap the prompt in the tokenizer's chat template."
     )
+    tool: ToolSpec | None = Field(
+        None, description="Run this registered tool instead of an LLM call (an environment step)."
+    )
+    when: list[WhenSpec] = Field(
+        default_factory=list,
+        description="Run an invocation only when every condition holds; else its rows are "
+        "stored as `skipped`.",
+    )
+    turn: TurnOf | None = Field(None, description="Set by loop unrolling (not by hand).")
+
+    @model_validator(mode="after")
+    def _kind(self) -> NodeSpec:
+        """An LLM node names an agent and a template; a tool node has neither a template nor
+        sampling fields (its one output per invocation is the tool's)."""
+        if self.tool is None:
+            if not self.agent:
+                raise ValueError("a node needs an `agent` (or a `tool`)")
+            if not self.template:
+                raise ValueError("a node needs a `template` (or a `tool`)")
+            return self
+        extra = [f for f in ("template", "max_tokens", "chat") if getattr(self, f)]
+        if extra or self.n != 1:
+            what = ", ".join(extra) or f"n = {self.n}"
+            raise ValueError(f"a tool node runs its tool once per invocation; remove {what}")
+        if not self.inputs:
+            raise ValueError("a tool node reads its inputs' samples; give it `inputs`")
+        return self
+
+    @property
+    def is_tool(self) -> bool:
+        return self.tool is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -340,6 +385,10 @@ class MEGSpec(_Frozen):
     agents: dict[str, AgentSpec]
     nodes: dict[str, NodeSpec] = Field(default_factory=dict)
     exchanges: dict[str, ExchangeSpec] = Field(default_factory=dict)
+    loops: dict[str, LoopSpec] = Field(
+        default_factory=dict,
+        description="Bounded loops, unrolled into nodes `{body}@{round}` (`meg.loops`).",
+    )
     rewards: dict[str, RewardSpec] = Field(default_factory=dict)
     team_nodes: list[str] | None = Field(
         None, description="Nodes whose mean reward is the team reward; default: the sinks."
@@ -353,5 +402,8 @@ class MEGSpec(_Frozen):
         return self.model_copy(update={"run": run})
 
     def node_max_tokens(self, node: str) -> int:
+        """A node's response budget; 0 for a tool node (it decodes nothing)."""
         spec = self.nodes[node]
+        if spec.is_tool:
+            return 0
         return spec.max_tokens or self.agents[spec.agent].sampling.max_tokens

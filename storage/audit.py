@@ -62,7 +62,7 @@ def accounting_problems(table: Table, step: int, rec: dict[str, Any]) -> list[st
         out.append(f"step {step}: micro-batches trained more than once: {sorted(seen)}")
     counts = {int(j): (int(t), int(q)) for j, t, q in trained}
     for j in sorted(set(by_mb) | set(counts)):
-        batch = table.read(segments=by_mb.get(j, []))
+        batch = table.read(segments=by_mb.get(j, [])).trainable()  # what a trainer reads
         stored = (int(batch.response_lengths.sum()), len(batch))
         if counts.get(j) != stored:
             out.append(

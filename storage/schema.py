@@ -55,6 +55,13 @@ class SegmentKey:
         return cls(int(m.group(1)), int(m.group(2)), m.group(3))
 
 
+# finish_reason of rows that are stored and never trained: an invocation a condition did not
+# run (or one below it), and a tool node's output (`tool-stop`: the tool said terminal)
+SKIPPED = "skipped"
+TOOL = "tool"
+TOOL_STOP = "tool-stop"
+NOT_TRAINED = (SKIPPED, TOOL, TOOL_STOP)
+
 # name -> (numpy dtype kind, per-row?) ; "ragged" columns are flat values with offsets.
 STR_COLUMNS = ("sample_id", "group_id", "parent_ids", "node", "episode", "finish_reason")
 ROW_STR = (*STR_COLUMNS, "score_status")  # score_status: from score segments, not rows ones
@@ -119,7 +126,9 @@ class SampleBatch:
     token_versions: np.ndarray  # (R,) int64, policy version that generated each response token
     reward: np.ndarray  # (N,) float32, NaN until scored
     advantage: np.ndarray  # (N,) float32, NaN until scored
-    finish_reason: np.ndarray  # (N,) str "stop" | "length" | "partial" (carry) | "verified"
+    # (N,) str "stop" | "length" | "partial" (carry) | "verified" | "skipped" | "tool" |
+    # "tool-stop" (the last three: `NOT_TRAINED`)
+    finish_reason: np.ndarray
     gen_start: np.ndarray  # (N,) float64 unix seconds
     gen_end: np.ndarray  # (N,) float64 unix seconds
     # (N,) str, joined from the score segment: "" until scored, then "ok", "failed: <why>"
@@ -184,6 +193,17 @@ class SampleBatch:
     @property
     def prompt_lengths(self) -> np.ndarray:
         return np.diff(self.prompt_offsets)  # (N,)
+
+    @property
+    def trained(self) -> np.ndarray:
+        """(N,) bool: rows a trainer learns from. A tool node's rows (environment text, which
+        enters the next turn's prompt) and skipped invocations are stored, never trained."""
+        return ~np.isin(self.finish_reason, NOT_TRAINED)
+
+    def trainable(self) -> SampleBatch:
+        """The rows a trainer learns from (`trained`), in order."""
+        mask = self.trained
+        return self if bool(mask.all()) else self.take(mask)
 
     def columns(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

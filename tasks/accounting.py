@@ -84,7 +84,8 @@ def read_scored(
             f"{missing} in the store; the micro-batch cannot be trained before its rollout"
         )
     infos = [i for i in found.values() if i is not None]
-    batch = table.read(segments=[i.segment_id for i in infos])
+    # tool rows and skipped invocations are stored with the agent's, never trained
+    batch = table.read(segments=[i.segment_id for i in infos]).trainable()
     if len(batch) and not np.all(np.isfinite(batch.advantage)):
         raise RuntimeError(f"agent {agent!r} step {step} micro-batch {mb}: rows are not all scored")
     return batch, tuple(i.segment_id for i in infos)

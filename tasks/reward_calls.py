@@ -44,6 +44,7 @@ class Call:
     fn: str
     params: dict[str, Any]
     timeout_s: float
+    kind: str = "reward"  # or "tool": a tool node's body (`workloads.tools`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +59,21 @@ class Job:
         return Job(self.task, self.samples, self.calls[start:])
 
     def line(self) -> bytes:
-        calls = [{"sid": c.sample_id, "fn": c.fn, "params": c.params} for c in self.calls]
+        calls = [
+            {"sid": c.sample_id, "fn": c.fn, "params": c.params, "kind": c.kind} for c in self.calls
+        ]
         doc = {"task": self.task, "samples": self.samples, "calls": calls}
         return (json.dumps(doc, default=str) + "\n").encode()
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A call's reward, or why it failed (`reward` is then NaN)."""
+    """A call's reward, or why it failed (`reward` is then NaN); a tool call's result as
+    `ToolResult.to_json` wrote it (`tool`)."""
 
     reward: float
     error: str | None = None
+    tool: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -142,7 +147,7 @@ class RewardProcess:
                 out.append(Outcome(float("nan"), f"timed out after {call.timeout_s:g} s"))
                 return out
             doc = json.loads(line)
-            out.append(Outcome(float(doc.get("reward", "nan")), doc.get("error")))
+            out.append(Outcome(float(doc.get("reward", "nan")), doc.get("error"), doc.get("tool")))
         return out
 
     @property

@@ -16,8 +16,9 @@ Protocol (one JSON document per line; never pickle):
 - parent → child, then one line per job: `{"task": {...}, "samples": {sid: {"node",
   "text", "parents"}}, "calls": [{"sid", "fn", "params"}, ...]}` — one episode's calls.
 - child → parent: one line per call, in order, as soon as it is done: `{"reward": r}` or
-  `{"error": "Type: message"}`. Streaming the answers is what lets the parent time each
-  call on its own while still sending a whole episode at once.
+  `{"error": "Type: message"}` (a call of `"kind": "tool"`: `{"tool": {"text", "terminal",
+  "reward", "metadata"}}`, `workloads.tools`). Streaming the answers is what lets the
+  parent time each call on its own while still sending a whole episode at once.
 
 The reward's own prints go to stderr (the worker's log): stdout carries the protocol only.
 """
@@ -59,10 +60,25 @@ def import_plugins(entries: list[str]) -> None:
             __import__(module_name(entry))
 
 
+def run_tool(call: dict[str, Any], views: Any, task: Any) -> dict[str, Any]:
+    """One tool call → `{"tool": ToolResult.to_json()}` or `{"error": why}`."""
+    from workloads.tools import ToolResult, get_tool
+
+    try:
+        fn = get_tool(call["fn"])
+        result = ToolResult.of(fn(views.samples[call["sid"]], views, task, **call["params"]))
+        return {"tool": result.to_json()}
+    except (Exception, SystemExit) as e:  # the call failed; the process carries on
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
 def run_call(call: dict[str, Any], views: Any, task: Any) -> dict[str, Any]:
     """One reward call → `{"reward": r}` or `{"error": why}` (non-numbers and NaN/inf are
-    errors too: they would poison the group's advantages)."""
+    errors too: they would poison the group's advantages); a tool call → `run_tool`."""
     from workloads.rewards import get_reward
+
+    if call.get("kind") == "tool":
+        return run_tool(call, views, task)
 
     try:
         fn = get_reward(call["fn"])

@@ -23,14 +23,16 @@ from engines.rollout.base import RolloutError, SamplingParams, Speculation
 from engines.rollout.prompts import invocation_prompt
 from engines.training.publish import latest_published, weights_key
 from meg import ScoreGroup
-from meg.expand import SampleInfo, expand_episode, plan_invocations
+from meg.expand import InvocationPlan, SampleInfo, expand_episode, plan_invocations
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
+from tasks.gating import skipped, skipped_rows
 from tasks.refs import Episode, GenRef
 from tasks.scoring import score_micro_batch
+from tasks.tool_calls import commit_tool_segment, tool_rows
 from tasks.watch import sample_watched, watch_for
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
 from workloads.rewards import early_check
@@ -91,19 +93,19 @@ def _parent_infos(
     return batches, index
 
 
-def plan_prompts(
+def plan_inputs(
     ctx: RunContext, node: str, step: int, mb: int, episodes: tuple[Episode, ...]
-) -> tuple[list[Any], list[list[int]]]:
-    """Invocation plans (with lineage-correct inputs) and their prompt token ids."""
+) -> tuple[list[InvocationPlan], dict[str, SampleBatch], dict[str, int]]:
+    """Invocation plans (with lineage-correct inputs), the inputs' committed rows and each
+    sample id's row in its input's batch."""
     spec = ctx.spec
     nspec = spec.nodes[node]
-    tok_path = spec.agents[nspec.agent].tokenizer_path
     batches, index = _parent_infos(ctx, node, step, mb)
     if ctx.spec.run.rollout.carries and nspec.inputs:  # april: only the episodes not cut
         present = {str(e) for b in batches.values() for e in b.episode}
         episodes = tuple(e for e in episodes if e[0] in present)
-    plans, prompts = [], []
-    for eid, item in episodes:
+    plans = []
+    for eid, _ in episodes:
         symbolic = expand_episode(spec, eid).samples  # lineage is structural
         parent_samples: dict[str, list[SampleInfo]] = {}
         for parent in nspec.inputs:
@@ -117,18 +119,61 @@ def plan_prompts(
                     SampleInfo(s.id, parent, s.lineage, float(np.mean(lp)) if len(lp) else 0.0)
                 )
             parent_samples[parent] = infos
-        for plan in plan_invocations(node, nspec, parent_samples, eid):
-            answers = [
-                (
-                    parent,
-                    spec.agents[spec.nodes[parent].agent].tokenizer_path,
-                    [batches[parent].response(index[s.id]).tolist() for s in samples],
-                )
-                for parent, samples in plan.inputs
-            ]
-            plans.append(plan)
-            prompts.append(invocation_prompt(nspec, tok_path, item.question, answers))
-    return plans, prompts
+        plans.extend(plan_invocations(node, nspec, parent_samples, eid))
+    return plans, batches, index
+
+
+def prompts_of(
+    ctx: RunContext,
+    node: str,
+    plans: list[InvocationPlan],
+    batches: dict[str, SampleBatch],
+    index: dict[str, int],
+    episodes: tuple[Episode, ...],
+) -> list[list[int]]:
+    """The prompt token ids of `plans`: parents spliced in as the ids they sampled."""
+    spec = ctx.spec
+    nspec = spec.nodes[node]
+    tok_path = spec.agents[nspec.agent].tokenizer_path
+    items = dict(episodes)
+    prompts = []
+    for plan in plans:
+        answers = [
+            (
+                parent,
+                spec.agents[spec.nodes[parent].agent].tokenizer_path,
+                [batches[parent].response(index[s.id]).tolist() for s in samples],
+            )
+            for parent, samples in plan.inputs
+        ]
+        prompts.append(invocation_prompt(nspec, tok_path, items[plan.episode].question, answers))
+    return prompts
+
+
+def plan_prompts(
+    ctx: RunContext, node: str, step: int, mb: int, episodes: tuple[Episode, ...]
+) -> tuple[list[Any], list[list[int]]]:
+    """Invocation plans (with lineage-correct inputs) and their prompt token ids."""
+    plans, batches, index = plan_inputs(ctx, node, step, mb, episodes)
+    return plans, prompts_of(ctx, node, plans, batches, index, episodes)
+
+
+def live_plans(
+    ctx: RunContext,
+    node: str,
+    plans: list[InvocationPlan],
+    batches: dict[str, SampleBatch],
+    index: dict[str, int],
+) -> list[bool]:
+    """Per plan, whether it is skipped (`tasks.gating`): conditions read their input's text
+    as the rewards do."""
+    spec = ctx.spec
+
+    def decode(parent: str, ids: Any) -> str:
+        tok = tokenizer_of(ctx, spec.nodes[parent].agent)
+        return str(tok.decode(list(ids), skip_special_tokens=True))
+
+    return skipped(spec.nodes[node], plans, batches, index, decode)
 
 
 def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingParams:
@@ -217,6 +262,8 @@ def generate_segment(
         in_segment = int(batch.response_lengths.sum())
         # generated now: the segment's new tokens, those carried on, those not kept (darts)
         tokens = in_segment - old + held - int(carried.carried_tokens.sum()) + discarded
+        if spec.nodes[node].is_tool:  # the environment's text: nothing decoded, or trained
+            tokens = in_segment = 0
         return GenRef(
             node,
             agent_name,
@@ -236,9 +283,10 @@ def generate_segment(
     if done is not None:  # committed by an earlier attempt or an earlier (killed) run
         ref = table.ref(done)
         return gen_ref(ref, table.read(segments=[ref]), resumed=True)
-    host = host_of(ctx, agent_name)
-    version = ensure_weights(ctx, host, agent_name, min_version)
-    if cuts:  # april: over-provisioned root, cut once enough episodes are complete
+    if cuts:
+        host = host_of(ctx, agent_name)
+        version = ensure_weights(ctx, host, agent_name, min_version)
+        # april: over-provisioned root, cut once enough episodes are complete
         fresh = tuple(e for e in episodes if birth_step(e[0]) == step)
         plans, prompts = plan_prompts(ctx, node, step, mb, fresh)
         result = generate_cut(
@@ -256,13 +304,34 @@ def generate_segment(
         table.write_segment(key, result.carried, kind="carry")  # first: see tasks.carry
         ref = table.write_segment(key, result.complete)
         return gen_ref(ref, result.complete, resumed=False, carried=result.carried)
-    plans, prompts = plan_prompts(ctx, node, step, mb, episodes)
+    plans, batches, index = plan_inputs(ctx, node, step, mb, episodes)
+    skip = live_plans(ctx, node, plans, batches, index)
+    if spec.nodes[node].is_tool:
+        rows, rewards, status = tool_rows(
+            ctx, node, step, plans, skip, batches, index, episodes, min_version
+        )
+        ref, batch = commit_tool_segment(table, SegmentKey(step, mb, node), rows, rewards, status)
+        return gen_ref(ref, batch, resumed=False)
+    live = [p for p, s in zip(plans, skip, strict=True) if not s]
     params = sampling_for(ctx, node, step, mb)
     t0 = time.time()
-    completions, discarded = sample(ctx, node, host, agent_name, plans, prompts, params, episodes)
+    completions: list[list[Any]] = []
+    discarded, version = 0, min_version
+    if live:
+        host = host_of(ctx, agent_name)
+        version = ensure_weights(ctx, host, agent_name, min_version)
+        prompts = prompts_of(ctx, node, live, batches, index, episodes)
+        completions, discarded = sample(
+            ctx, node, host, agent_name, live, prompts, params, episodes
+        )
     t1 = time.time()
     rows = []
-    for plan, prompt, outs in zip(plans, prompts, completions, strict=True):
+    done_live = iter(zip(prompts if live else [], completions, strict=True))
+    for plan, skipped_plan in zip(plans, skip, strict=True):
+        if skipped_plan:
+            rows += skipped_rows(plan, params.n, node, step, version, t0)
+            continue
+        prompt, outs = next(done_live)
         for sid, c in zip(plan.sample_ids(params.n), outs, strict=True):
             rows.append(
                 {

@@ -22,9 +22,10 @@ from prefect import task
 
 from engines.training.advantages import compute_advantages
 from meg import MEGSpec, ScoreGroup, sinks
-from storage.schema import SampleBatch, SegmentKey
+from storage.schema import SKIPPED, SampleBatch, SegmentKey
 from tasks.context import RunContext, Stopwatch
 from tasks.failures import NodeScores, ScoredRows, apply_failure_rule
+from tasks.loop_credit import loop_advantages
 from tasks.refs import Episode, RewardSum, ScoreRef
 from tasks.reward_calls import Call, Job, Outcome, pool_for
 from tasks.worker import plugins_of, store_of, tokenizer_of
@@ -74,6 +75,8 @@ def reward_rows(
     for node, b in batches.items():
         tok = tokenizer_of(ctx, spec.nodes[node].agent)
         for i in range(len(b)):
+            if b.finish_reason[i] == SKIPPED:  # never happened: no sample to see
+                continue
             text = tok.decode(b.response(i).tolist(), skip_special_tokens=True)
             parents = [p for p in str(b.parent_ids[i]).split(",") if p]
             views[str(b.episode[i])][str(b.sample_id[i])] = {
@@ -81,7 +84,13 @@ def reward_rows(
                 "text": text,
                 "parents": parents,
             }
-    rows = [(n, i) for n in nodes if n in spec.rewards for i in range(len(batches[n]))]
+    rows = [
+        (n, i)
+        for n in nodes
+        if n in spec.rewards
+        for i in range(len(batches[n]))
+        if batches[n].finish_reason[i] != SKIPPED
+    ]
     targets = [(n, str(batches[n].episode[i]), str(batches[n].sample_id[i])) for n, i in rows]
     out = {n: NodeScores.unscored(len(batches[n])) for n in nodes}
     for (n, i), o in zip(rows, call_rewards(spec, views, dict(episodes), targets), strict=True):
@@ -144,6 +153,19 @@ def advantages_for(
     return adv
 
 
+def without_skipped(scored: ScoredRows, batch: SampleBatch) -> ScoredRows:
+    """Skipped rows (an invocation that did not run) take no part: reward NaN, status
+    `skipped`, not in any group's statistics (so not a zero reward either)."""
+    gone = batch.finish_reason == SKIPPED
+    if not gone.any():
+        return scored
+    return ScoredRows(
+        np.where(gone, np.float32(np.nan), scored.reward).astype(np.float32),
+        np.where(gone, np.str_(SKIPPED), scored.status).astype(np.str_),
+        scored.used & ~gone,
+    )
+
+
 def score_micro_batch(
     ctx: RunContext,
     step: int,
@@ -170,10 +192,15 @@ def score_micro_batch(
     per_agent: dict[str, RewardSum] = defaultdict(RewardSum)
     failed: dict[str, int] = defaultdict(int)
     sums: dict[str, RewardSum] = {}
+    rows: dict[str, tuple[SampleBatch, ScoredRows]] = {}
     for node in group.nodes:
+        if spec.nodes[node].is_tool:  # scored by its own generate task (`tasks.tool_calls`)
+            continue
         b = batches[node]
-        scored = apply_failure_rule(rule, raw[node], b.group_id)
-        adv = advantages_for(ctx, node, b, scored, episodes)
+        rows[node] = (b, without_skipped(apply_failure_rule(rule, raw[node], b.group_id), b))
+    looped = loop_advantages(ctx, rows, batches)
+    for node, (b, scored) in rows.items():
+        adv = looped[node] if node in looped else advantages_for(ctx, node, b, scored, episodes)
         st.table(spec.nodes[node].agent).write_scores(
             SegmentKey(step, mb, node), b.sample_id, scored.reward, adv, scored.status
         )
@@ -181,13 +208,13 @@ def score_micro_batch(
         sums[node] = RewardSum.of(scored.reward)
         per_agent[agent] += sums[node]
         failed[agent] += raw[node].failed
-    team_nodes = set(spec.team_nodes or sinks(spec)) & set(group.nodes)
+    team_nodes = set(spec.team_nodes or sinks(spec)) & set(rows)
     team = sum((sums[n] for n in team_nodes), RewardSum())
     return ScoreRef(
         step,
         mb,
         group.nodes,
-        sum(len(batches[n]) for n in group.nodes),
+        sum(int((b.finish_reason != SKIPPED).sum()) for b, _ in rows.values()),
         dict(per_agent),
         team,
         watch.done(),

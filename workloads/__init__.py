@@ -17,6 +17,7 @@ BUILTIN = {
     "word-problems": _HERE / "word_problems.yaml",
     "longtail": _HERE / "longtail.yaml",
     "code": _HERE / "code.yaml",
+    "code-repair": _HERE / "code_repair.yaml",
 }
 
 

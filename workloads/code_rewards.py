@@ -30,16 +30,30 @@ import textwrap
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from workloads.code_tasks import parse_code_task
+from workloads.code_tasks import CodeTask, parse_code_task
 from workloads.datasets import TaskItem
 from workloads.rewards import EpisodeView, SampleView, on_warm_up, register_reward
 from workloads.sandbox import SandboxResult, default_pool, detect_isolation
+
+# A result as a canonical literal (exact types); in the harness, and in-process for the
+# generator's own (trusted) solutions (`workloads.code_repair.trusted_outputs`).
+CANON = r"""
+def canon(x, depth=0):
+    t = type(x)
+    if t is bool or t is int or t is float or t is str or x is None:
+        return repr(x)
+    if depth < 20 and (t is list or t is tuple):
+        inner = ", ".join(canon(v, depth + 1) for v in x)
+        return "[" + inner + "]" if t is list else "(" + inner + ("," if len(x) == 1 else "") + ")"
+    raise TypeError("a result of type " + t.__name__)
+"""
 
 # Runs in the sandbox: loads solution.py, calls it on each call of .calls, prints one line
 # `<nonce> {"loaded": bool, "outputs": [...]}`; an output is a canonical literal or
 # "!ExceptionName". Limit exceptions are re-raised (sandbox_runtime.limit_of): they stop
 # the execution and the reward raises, instead of counting as a failed test.
-HARNESS = r"""
+HARNESS = (
+    r"""
 import json, os, sandbox_runtime
 
 with open(".calls") as f:
@@ -49,16 +63,9 @@ with open(".nonce") as f:
 os.remove(".calls")
 os.remove(".nonce")
 
-
-def canon(x, depth=0):
-    t = type(x)
-    if t is bool or t is int or t is float or t is str or x is None:
-        return repr(x)
-    if depth < 20 and (t is list or t is tuple):
-        inner = ", ".join(canon(v, depth + 1) for v in x)
-        return "[" + inner + "]" if t is list else "(" + inner + ("," if len(x) == 1 else "") + ")"
-    raise TypeError("a result of type " + t.__name__)
-
+"""
+    + CANON
+    + r"""
 
 def attempt(fn):
     try:
@@ -82,6 +89,7 @@ outputs = [attempt(lambda: canon(eval(c, ns)))[:1000] for c in calls] if loaded 
 line = nonce + " " + json.dumps({"loaded": loaded, "outputs": outputs})
 os.write(1, ("\n" + line + "\n").encode())
 """
+)
 
 # Runs in the sandbox: the (trusted) solution, then the sample's tests in its namespace.
 TEST_HARNESS = r"""
@@ -129,9 +137,11 @@ def _outputs(result: SandboxResult, nonce: str) -> list[str] | None:
     return None
 
 
-def hidden_test_score(code: str, task: TaskItem, *, what: str = "code_tests") -> float:
-    """The fraction of `task`'s hidden tests `code` passes (raises `SandboxError` when the
-    sandbox had to stop it, `CodeTaskError` when `task` is not a code task)."""
+def hidden_test_outputs(code: str, task: TaskItem, *, what: str) -> tuple[CodeTask, list[str]]:
+    """`task`'s code task and what `code` gave on each of its hidden tests' calls (a
+    canonical literal or `"!ExceptionName"`), run in the sandbox; `[]` when the code did not
+    load (or printed no result). Raises `SandboxError` naming `what` when the sandbox had to
+    stop it, `CodeTaskError` when `task` is not a code task."""
     ct = parse_code_task(task)
     nonce = secrets.token_hex(16)
     files = {
@@ -141,9 +151,19 @@ def hidden_test_score(code: str, task: TaskItem, *, what: str = "code_tests") ->
     }
     result = default_pool().submit(HARNESS, files=files).result()
     result.raise_if_stopped(what)
-    outputs = _outputs(result, nonce) or []
-    passed = sum(got == want for got, (_, want) in zip(outputs, ct.tests, strict=False))
-    return passed / len(ct.tests)
+    return ct, _outputs(result, nonce) or []
+
+
+def passed_tests(outputs: list[str], tests: tuple[tuple[str, str], ...]) -> int:
+    """How many of `tests` (call, expected) the outputs answer with the expected literal."""
+    return sum(got == want for got, (_, want) in zip(outputs, tests, strict=False))
+
+
+def hidden_test_score(code: str, task: TaskItem, *, what: str = "code_tests") -> float:
+    """The fraction of `task`'s hidden tests `code` passes (raises `SandboxError` when the
+    sandbox had to stop it, `CodeTaskError` when `task` is not a code task)."""
+    ct, outputs = hidden_test_outputs(code, task, what=what)
+    return passed_tests(outputs, ct.tests) / len(ct.tests)
 
 
 @register_reward("code_tests", reads=_nothing)

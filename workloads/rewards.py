@@ -89,7 +89,7 @@ REWARDS: Registry[RewardFn] = Registry(
     "reward function",
     importable=True,
     check=_check_reward,
-    builtins=("workloads.code_rewards", "workloads.math_rewards"),
+    builtins=("workloads.code_rewards", "workloads.math_rewards", "workloads.code_repair"),
 )
 
 

@@ -21,13 +21,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from meg import MEGSpec, topological_order
+from meg.expand import driver_of
 from meg.registry import Registry
 from meg.spec import ChatSpec
 from meg.template import chat_frame, prompt_ids, render
+from workloads.code_repair import reference_verdict
 from workloads.code_tasks import reference_assertions, reference_code, shown_code
 from workloads.datasets import TaskItem, load_dataset
 from workloads.math_rewards import math_correct, math_reference
 from workloads.rewards import is_correct
+from workloads.tools import tool_reference
 
 # reward fn -> completion it scores as right: (task, parent texts by node, rng) -> text
 Reference = Callable[[TaskItem, dict[str, str], random.Random], str]
@@ -103,6 +106,7 @@ REFERENCES.add("math_answer", _math_answer, shown=_math_shown)
 REFERENCES.add("math_verdict", _math_verdict)
 REFERENCES.add("code_tests", reference_code, shown=shown_code)
 REFERENCES.add("code_assertions", reference_assertions)
+REFERENCES.add("repair_verdict", reference_verdict)
 
 # Optimizer steps per built-in workload: enough for the format, not for the arithmetic.
 PRESET_STEPS = {
@@ -112,6 +116,7 @@ PRESET_STEPS = {
     "word-problems": 180,
     "longtail": 200,
     "code": 200,
+    "code-repair": 200,
 }
 
 
@@ -131,11 +136,23 @@ class Example:
 
 
 def reference_pairs(spec: MEGSpec, task: TaskItem, rng: random.Random) -> list[Example]:
-    """One example per node of one synthetic reference episode, in topological order."""
+    """One example per LLM node of one synthetic reference episode, in topological order.
+
+    A tool node is never trained: it gives no example, only the text its children read,
+    the tool's reference observation (`workloads.tools`: `register_tool(..., reference=)`)
+    of its driver input's text (its first input's where none drives). Every node is
+    rendered, even one a `when:` or a loop's later round would skip: a code-repair episode
+    teaches each round (the coder's shown code is wrong half the time, so later rounds see
+    failing tests and the reviewer meets both verdicts)."""
     texts: dict[str, str] = {}
     pairs = []
     for name in topological_order(spec):
         node = spec.nodes[name]
+        if node.tool is not None:
+            source = driver_of(node) or next(iter(node.inputs))
+            observe = tool_reference(node.tool.fn)
+            texts[name] = observe(texts[source], task, **node.tool.params)
+            continue
         fn = spec.rewards[name].fn if name in spec.rewards else "exact_answer"
         if fn not in REFERENCES:
             raise KeyError(

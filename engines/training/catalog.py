@@ -27,6 +27,7 @@ REGISTRIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     ),
     "old_logprobs": ("engines.training.losses", "ANCHORS", ("behaviour", "recompute")),
+    "credit": ("engines.training.turn_credit", "CREDITS", ("crbc", "episode", "turn")),
 }
 
 # Built-in policy losses whose loss is 0 for a zero-advantage sequence without a KL term.

@@ -92,6 +92,7 @@ class TrainConfig:
         fields: dict[str, Any] = {**agent.optim.model_dump(), **agent.loss.model_dump()}
         fields["betas"] = tuple(fields["betas"])
         echo = fields.pop("echo")  # the clip choice is the driver's; the trainer weighs it
+        fields.pop("credit")  # a loop's turn credit is the score task's (`tasks.loop_credit`)
         fields["echo_coef"] = 0.0 if echo is None else float(echo["coef"])
         lora = LoraConfig.from_json(None if agent.lora is None else agent.lora.model_dump())
         return cls(

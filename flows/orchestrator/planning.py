@@ -13,7 +13,7 @@ the choices after it are the same as an uninterrupted run's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -21,7 +21,9 @@ from flows.orchestrator.bandit import BanditSelector
 from flows.orchestrator.selection import Selector
 from flows.orchestrator.sera import SeraSelector
 from meg import MEGSpec, ScoreGroup, score_groups
+from meg.loops import loop_nodes
 from tasks.context import RunContext
+from tasks.loop_credit import WHOLE_LOOP
 from tasks.refs import Episode, episode_id
 from workloads.datasets import Splits, TaskItem, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
@@ -98,10 +100,27 @@ class EpisodePlanner:
 
 def scoring_plan(spec: MEGSpec) -> tuple[ScoreGroup, ...]:
     """The score groups of `spec`, from what each node's bound reward declares it reads."""
-    reads = {}
+    reads: dict[str, Collection[str] | None] = {}
     for node, binding in spec.rewards.items():
         try:
             reads[node] = reward_reads(binding.fn, binding.params)
         except ValueError as e:
             raise ValueError(f"rewards.{node}: {e}") from None
-    return score_groups(spec, reads)
+    return score_groups(spec, with_loop_reads(spec, reads))
+
+
+def with_loop_reads(
+    spec: MEGSpec, reads: Mapping[str, Collection[str] | None]
+) -> dict[str, Collection[str] | None]:
+    """`reads`, where a loop round whose agent's credit spans the loop (`episode`, `crbc`)
+    also reads every node of its loop: its advantage needs all rounds and observations."""
+    out = dict(reads)
+    for node, ns in spec.nodes.items():
+        turn = ns.turn
+        if turn is None or ns.is_tool or spec.agents[ns.agent].loss.credit not in WHOLE_LOOP:
+            continue
+        if node in out and out[node] is None:
+            continue  # reads the whole episode already
+        whole = [n for n in loop_nodes(spec, turn.loop) if n != node]
+        out[node] = [*(out.get(node) or ()), *whole]
+    return out

@@ -20,6 +20,7 @@ from meg.spec import LossSpec
 from workloads import plugins, resolve_config
 from workloads.datasets import GENERATORS
 from workloads.rewards import check_binding, known_rewards
+from workloads.tools import known_tools
 
 
 def with_plugins(spec: MEGSpec, path: Path) -> MEGSpec:
@@ -61,6 +62,7 @@ def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
         path,
         known_rewards=known_rewards(),
         known_losses=loss_names(),
+        known_tools=known_tools(),
         check_models=check_models,
         prepare=with_plugins,
     )
@@ -120,7 +122,13 @@ def validate_spec(spec: MEGSpec, source: str) -> MEGSpec:
         plugins.import_all(spec.plugins)
     except plugins.PluginError as e:
         raise MEGError(str(e), source=source, field="plugins") from None
-    spec = validate(spec, source=source, known_rewards=known_rewards(), known_losses=loss_names())
+    spec = validate(
+        spec,
+        source=source,
+        known_rewards=known_rewards(),
+        known_losses=loss_names(),
+        known_tools=known_tools(),
+    )
     check_workload(spec, source)
     return spec
 
