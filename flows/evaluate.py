@@ -20,7 +20,6 @@ import json
 import re
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -29,10 +28,12 @@ import numpy as np
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.eval_agentic import Sampled, loop_finals, tool_samples
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from flows.runs.config import load_config
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
+from tasks.gating import Shown, is_skipped
 from tasks.scoring import Views, call_rewards
 from workloads import BUILTIN, resolve_config
 from workloads.datasets import TaskItem, load_dataset
@@ -85,16 +86,6 @@ def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, 
 
 
 # ---- generation --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Sampled:
-    """One sample: its plan (lineage, parents), tokens and text."""
-
-    plan: InvocationPlan
-    info: SampleInfo
-    response_ids: tuple[int, ...]
-    text: str
 
 
 @lru_cache(maxsize=8)
@@ -151,14 +142,25 @@ def run_node(
 
     nspec = spec.nodes[node]
     agent = nspec.agent
-    plans: list[InvocationPlan] = []
-    prompts: list[list[int]] = []
-    for eid, item in tasks.items():
+    every: list[InvocationPlan] = []
+    for eid in tasks:
         parents = {p: by_node[p][eid] for p in nspec.inputs}
-        for plan in plan_invocations(node, nspec, parents, eid):
-            plans.append(plan)
-            prompts.append(_prompt(spec, node, plan, item, done, models))
+        every.extend(plan_invocations(node, nspec, parents, eid))
+
+    def shown(sid: str) -> Shown:
+        return Shown(done[sid].text, done[sid].terminal, done[sid].skipped)
+
+    skip = [is_skipped(nspec, plan, shown) for plan in every]
+    gone = [
+        Sampled(p, p.child_samples(1)[0], (), "", skipped=True)
+        for p, s in zip(every, skip, strict=True)
+        if s
+    ]
+    plans = [p for p, s in zip(every, skip, strict=True) if not s]
     tok = tokenizer(_tokenizer_path(spec, agent, models))
+    if nspec.is_tool:
+        return gone + tool_samples(spec, node, plans, tasks, done, tok)
+    prompts = [_prompt(spec, node, plan, tasks[plan.episode], done, models) for plan in plans]
     eos = tok.eos_token_id
     own = spec.agents[agent].sampling
     greedy = sampling == "greedy"
@@ -180,7 +182,7 @@ def run_node(
             (info,) = plan.child_samples(1, [score])
             text = tok.decode(list(c.response_ids), skip_special_tokens=True)
             out.append(Sampled(plan, info, tuple(c.response_ids), text))
-    return out
+    return gone + out
 
 
 def rollout(
@@ -222,14 +224,19 @@ def score(
         for node, rows in samples.items()
         if node in spec.rewards
         for s in rows
+        if not s.skipped
     ]
     outcomes = iter(call_rewards(spec, views, tasks, targets))
     out: dict[str, np.ndarray] = {}
     failed = 0
     for node, rows in samples.items():
+        if spec.nodes[node].is_tool:  # the environment, not an agent: no reward here
+            continue
         r = np.zeros(len(rows), np.float64)
-        if node in spec.rewards:
-            for i in range(len(rows)):
+        for i, s in enumerate(rows):
+            if s.skipped:
+                r[i] = np.nan  # never happened: no reward, not a zero
+            elif node in spec.rewards:
                 o = next(outcomes)
                 failed += o.failed
                 r[i] = 0.0 if o.failed else o.reward
@@ -249,6 +256,8 @@ def examples(
 
 
 def _mean(x: np.ndarray) -> float:
+    """The mean of the rewards that exist (a skipped sample's is NaN)."""
+    x = x[np.isfinite(x)]
     return round(float(x.mean()), 4) if len(x) else 0.0
 
 
@@ -270,11 +279,12 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
         finally:
             _backend.cache_clear()  # engines die with the evaluation (temp exports go)
     rewards, failed = score(spec, samples, tasks)
+    by_id = {s.info.id: s for rows in samples.values() for s in rows}
     per_agent: dict[str, list[np.ndarray]] = {}
     for node, r in rewards.items():
         per_agent.setdefault(spec.nodes[node].agent, []).append(r)
     team_nodes = list(spec.team_nodes or sinks(spec))
-    team = [float(rewards[n].mean()) for n in team_nodes if len(rewards[n])]
+    team = [_mean(rewards[n]) for n in team_nodes if np.isfinite(rewards[n]).any()]
     out = {
         "workload": spec.name,
         "config": str(resolve_config(p.config)),
@@ -286,13 +296,21 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
         "sampling": p.sampling,
         "repeats": p.repeats,
         "top_p": GREEDY_TOP_P if p.sampling == "greedy" else None,
-        "samples": {n: len(r) for n, r in rewards.items()},
+        "samples": {n: int(np.isfinite(r).sum()) for n, r in rewards.items()},  # taken
         "node_agent": {n: spec.nodes[n].agent for n in rewards},
         "node_reward": {n: _mean(r) for n, r in rewards.items()},
         "agent_reward": {a: _mean(np.concatenate(rs)) for a, rs in sorted(per_agent.items())},
         "team_nodes": team_nodes,
         "team_reward": round(float(np.mean(team)), 4) if team else 0.0,
         "failed_rewards": failed,  # reward calls that raised or timed out, scored 0
+        "skipped": {n: sum(s.skipped for s in samples[n]) for n in rewards},
+        "loops": loop_finals(
+            spec,
+            {n: [s.info.id for s in samples[n]] for n in rewards},
+            lambda sid: dict(by_id[sid].info.lineage),
+            rewards,
+            lambda sid: by_id[sid].skipped,
+        ),
         "examples": examples(samples, tasks, 3),
         "wall_s": round(time.time() - t0, 2),
     }
@@ -326,6 +344,10 @@ def table(result: dict[str, Any]) -> Any:
     for agent, r in result["agent_reward"].items():
         t.add_row("agent", agent, models.get(agent, ""), "", f"{r:.3f}")
     t.add_row("team", "+".join(result["team_nodes"]), "", "", f"{result['team_reward']:.3f}")
+    for chain, f in result.get("loops", {}).items():  # a loop's final round, per rollout
+        rollouts = str(int(f["rollouts"]))
+        t.add_row("loop final", chain, "", rollouts, f"{f['final_reward']:.3f}")
+        t.add_row("loop solved", chain, "", rollouts, f"{f['solved']:.3f}")
     return t
 
 

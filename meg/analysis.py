@@ -4,6 +4,9 @@ Estimates, not measurements: decode tokens assume every sample runs to `max_toke
 bound; the balancer replaces it with measured demand), and prompt tokens are the template's
 own text at `chars_per_token` plus `question_tokens` plus every shown parent sample at its
 parent's `max_tokens`. Prompts are counted once per invocation: its `n` samples share it.
+A tool node (an environment step) has no prompt and decodes nothing: it is listed per node,
+not in its agent's calls (its observation text, unknown before it runs, counts 0 tokens
+where a child shows it).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def analyze(spec: MEGSpec, *, chars_per_token: float = 3.0) -> Analysis:
         node = spec.nodes[name]
         own = round(len(static_text(node.template)) / chars_per_token)
         prompt = 0
-        for plan in exp.invocations[name]:
+        for plan in [] if node.is_tool else exp.invocations[name]:  # a tool has no prompt
             shown = sum(len(s) * spec.node_max_tokens(p) for p, s in plan.inputs)
             prompt += own + spec.dataset.question_tokens + shown
         samples = len(exp.samples[name])
@@ -69,7 +72,7 @@ def analyze(spec: MEGSpec, *, chars_per_token: float = 3.0) -> Analysis:
         )
     agents = []
     for a in spec.agents:
-        mine = [n for n in nodes if n.agent == a]
+        mine = [n for n in nodes if n.agent == a and not spec.nodes[n.node].is_tool]
         agents.append(
             AgentLoad(
                 a,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from engines.training.catalog import WHOLE_LOOP_CREDITS
 from engines.training.turn_credit import TurnRows, turn_credit
 from meg.expand import expand_episode
 from meg.loops import round_name
@@ -23,9 +24,6 @@ from storage.schema import SKIPPED, SampleBatch
 from tasks.context import RunContext
 from tasks.failures import ScoredRows
 from tasks.worker import tokenizer_of
-
-# credit rules that need the whole loop in one score task (`flows.orchestrator.planning`)
-WHOLE_LOOP = ("episode", "crbc")
 
 
 def _lineages(ctx: RunContext, episodes: set[str]) -> dict[str, dict[str, str]]:
@@ -90,7 +88,7 @@ def _chain(
     assert first.turn is not None
     entry = round_name(first.turn.entry, 1)
     loss = spec.agents[first.agent].loss
-    if loss.credit in WHOLE_LOOP and len(nodes) != _rounds(ctx, first.turn):
+    if loss.credit in WHOLE_LOOP_CREDITS and len(nodes) != _rounds(ctx, first.turn):
         raise RuntimeError(
             f"credit {loss.credit!r} needs every round of {first.turn.body!r} in one score task, "
             f"got {nodes}; the scoring plan should have joined them"

@@ -29,7 +29,7 @@ from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
-from tasks.gating import skipped, skipped_rows
+from tasks.gating import plan_row, skipped, skipped_rows
 from tasks.refs import Episode, GenRef
 from tasks.scoring import score_micro_batch
 from tasks.tool_calls import commit_tool_segment, tool_rows
@@ -329,26 +329,22 @@ def generate_segment(
     done_live = iter(zip(prompts if live else [], completions, strict=True))
     for plan, skipped_plan in zip(plans, skip, strict=True):
         if skipped_plan:
-            rows += skipped_rows(plan, params.n, node, step, version, t0)
+            rows += skipped_rows(plan, params.n, step, version, t0)
             continue
         prompt, outs = next(done_live)
         for sid, c in zip(plan.sample_ids(params.n), outs, strict=True):
             rows.append(
-                {
-                    "sample_id": sid,
-                    "group_id": plan.group_id,
-                    "parent_ids": plan.parent_ids(),
-                    "node": node,
-                    "episode": plan.episode,
-                    "step": step,
-                    "policy_version": version,
-                    "prompt_ids": prompt,
-                    "response_ids": list(c.response_ids),
-                    "logprobs": list(c.logprobs),
-                    "finish_reason": c.finish_reason,
-                    "gen_start": t0,
-                    "gen_end": t1,
-                }
+                plan_row(
+                    plan,
+                    sid,
+                    step,
+                    version,
+                    c.finish_reason,
+                    (t0, t1),
+                    prompt,
+                    c.response_ids,
+                    c.logprobs,
+                )
             )
     batch = SampleBatch.from_rows(rows)
     ref = table.write_segment(SegmentKey(step, mb, node), batch)

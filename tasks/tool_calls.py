@@ -18,19 +18,21 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from meg import MEGSpec
 from meg.expand import InvocationPlan
 from storage.schema import SKIPPED, TOOL, TOOL_STOP, SampleBatch, SegmentKey
 from storage.table import Table
 from tasks.context import RunContext
-from tasks.gating import skipped_rows
+from tasks.gating import plan_row, skipped_rows
 from tasks.refs import Episode
 from tasks.reward_calls import Call, Job, Outcome, pool_for
 from tasks.worker import tokenizer_of
+from workloads.datasets import TaskItem
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +67,41 @@ def call_tools(
     index: dict[str, int],
     episodes: tuple[Episode, ...],
 ) -> list[Outcome]:
+    """`call_tool_node` with what the tool sees read from the inputs' committed rows."""
+    by_episode: dict[str, list[InvocationPlan]] = {}
+    for plan in plans:
+        by_episode.setdefault(plan.episode, []).append(plan)
+    views = {ep: _views(ctx, mine, batches, index) for ep, mine in by_episode.items()}
+    return call_tool_node(ctx.spec, node, plans, dict(episodes), views)
+
+
+def call_tool_node(
+    spec: MEGSpec,
+    node: str,
+    plans: Sequence[InvocationPlan],
+    tasks: Mapping[str, TaskItem],
+    views: Mapping[str, dict[str, dict[str, Any]]],
+) -> list[Outcome]:
     """One tool call per plan, on the sample it answers (its driver: the first shown
-    input); the calls of one episode are one job."""
-    spec = ctx.spec
+    input); the calls of one episode are one job, seeing `views[episode]`. Training's
+    generate task and `flows.evaluate` both call this."""
     tool = spec.nodes[node].tool
     assert tool is not None
     timeout = tool.timeout_s or spec.run.scoring.timeout_s
-    items = dict(episodes)
     by_episode: dict[str, list[int]] = {}
     for k, plan in enumerate(plans):
         by_episode.setdefault(plan.episode, []).append(k)
-    jobs = []
-    for ep, ks in by_episode.items():
-        mine = [plans[k] for k in ks]
-        calls = tuple(
-            Call(plans[k].inputs[0][1][0].id, tool.fn, tool.params, timeout, kind="tool")
-            for k in ks
+    jobs = [
+        Job(
+            dataclasses.asdict(tasks[ep]),
+            views[ep],
+            tuple(
+                Call(plans[k].inputs[0][1][0].id, tool.fn, tool.params, timeout, kind="tool")
+                for k in ks
+            ),
         )
-        jobs.append(Job(dataclasses.asdict(items[ep]), _views(ctx, mine, batches, index), calls))
+        for ep, ks in by_episode.items()
+    ]
     bound = sorted({b.fn for b in spec.rewards.values()})
     pool = pool_for(spec.plugins, spec.run.scoring.processes, bound)
     out: list[Outcome] = [Outcome(float("nan"))] * len(plans)
@@ -130,27 +149,15 @@ def tool_rows(
     for k, plan in enumerate(plans):
         o = outcomes.get(k)
         if o is None or o.failed or o.tool is None:
-            rows += skipped_rows(plan, 1, node, step, version, now)
+            rows += skipped_rows(plan, 1, step, version, now)
             rewards.append(float("nan"))
             status.append(SKIPPED if o is None else _status(o))
             continue
         ids = list(tok.encode(o.tool["text"], add_special_tokens=False))
+        finish = TOOL_STOP if o.tool["terminal"] else TOOL
+        sid = plan.sample_ids(1)[0]
         rows.append(
-            {
-                "sample_id": plan.sample_ids(1)[0],
-                "group_id": plan.group_id,
-                "parent_ids": plan.parent_ids(),
-                "node": node,
-                "episode": plan.episode,
-                "step": step,
-                "policy_version": version,
-                "prompt_ids": [],
-                "response_ids": ids,
-                "logprobs": [0.0] * len(ids),
-                "finish_reason": TOOL_STOP if o.tool["terminal"] else TOOL,
-                "gen_start": now,
-                "gen_end": now,
-            }
+            plan_row(plan, sid, step, version, finish, (now, now), (), ids, [0.0] * len(ids))
         )
         r = o.tool.get("reward")
         rewards.append(float("nan") if r is None else float(r))

@@ -14,11 +14,12 @@
   call fails, as a reward's does, instead of returning text.
 - reward `repair_verdict` (param `target`, the tool node the reviewer reads): 1 when the
   reviewer says yes (its text contains `yes`, case-insensitive: the loop's `until`
-  condition) exactly when its `target` parent's report says every test passed, else 0.
-  `target` may name a loop body node (`test`): a reviewer sample of round r (`review@2`)
-  then judges its parent of that body's round (`test@2`). Registered without `reads`: the
-  bound params are the same for every round, so what it reads cannot be named per round;
-  it sees (and waits for) the whole episode.
+  condition) where its `target` parent's report says every test passed, or no where it
+  does not; a text with both words or neither is no verdict and scores 0. A reward bound
+  to a loop body node has its params naming body nodes renamed per round when the loop
+  unrolls (`target: test` is `test@2` for `review@2`), so it reads (and waits for) its
+  round's report only; a `target` without a round read from a round node is resolved the
+  same way here.
 
 Warm start: `run_tests` carries a reference observation (`reference_report`: the report
 for the task's reference or wrong solution, computed in-process from the generator's own
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from meg.conditions import contains
@@ -122,12 +124,23 @@ def round_target(target: str, node: str) -> str:
     return f"{target}@{r}" if at and "@" not in target else target
 
 
-@register_reward("repair_verdict")
+def _reads_target(params: Mapping[str, Any]) -> tuple[str, ...]:
+    return (str(params["target"]),)
+
+
+@register_reward("repair_verdict", reads=_reads_target)
 def repair_verdict(
-    sample: SampleView, episode: EpisodeView, task: TaskItem, *, target: str, yes: str = "yes"
+    sample: SampleView,
+    episode: EpisodeView,
+    task: TaskItem,
+    *,
+    target: str,
+    yes: str = "yes",
+    no: str = "no",
 ) -> float:
-    """1 when the sample says `yes` exactly when its `target` parent (in its round) reports
-    every test passed, else 0 (module doc)."""
+    """1 when the sample says `yes` where its `target` parent (in its round) reports every
+    test passed, or `no` where it does not; 0 otherwise, including a text that says both
+    or neither (module doc)."""
     node = round_target(target, sample.node)
     judged = [
         episode.samples[p]
@@ -139,7 +152,10 @@ def repair_verdict(
             f"repair_verdict reward: sample {sample.id} ({sample.node}) has no parent from "
             f"node {node!r}"
         )
-    return float(contains(sample.text, False, text=yes) == all_passed(judged[0].text))
+    said_yes = contains(sample.text, False, text=yes)
+    if said_yes == contains(sample.text, False, text=no):
+        return 0.0  # both or neither: no verdict
+    return float(said_yes == all_passed(judged[0].text))
 
 
 def reference_verdict(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str:

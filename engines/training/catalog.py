@@ -30,6 +30,10 @@ REGISTRIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "credit": ("engines.training.turn_credit", "CREDITS", ("crbc", "episode", "turn")),
 }
 
+# Turn credit rules (`loss.credit`) whose advantage needs every round of a loop in one score
+# task (the scoring plan joins them; `turn` scores each round as soon as it exists).
+WHOLE_LOOP_CREDITS = frozenset({"episode", "crbc"})
+
 # Built-in policy losses whose loss is 0 for a zero-advantage sequence without a KL term.
 ZERO_AT_ZERO_ADVANTAGE = frozenset({"grpo", "dr_grpo"})
 

@@ -17,13 +17,13 @@ from collections.abc import Callable, Collection, Mapping
 from functools import cached_property
 from typing import Any
 
+from engines.training.catalog import WHOLE_LOOP_CREDITS
 from flows.orchestrator.bandit import BanditSelector
 from flows.orchestrator.selection import Selector
 from flows.orchestrator.sera import SeraSelector
 from meg import MEGSpec, ScoreGroup, score_groups
 from meg.loops import loop_nodes
 from tasks.context import RunContext
-from tasks.loop_credit import WHOLE_LOOP
 from tasks.refs import Episode, episode_id
 from workloads.datasets import Splits, TaskItem, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
@@ -117,7 +117,11 @@ def with_loop_reads(
     out = dict(reads)
     for node, ns in spec.nodes.items():
         turn = ns.turn
-        if turn is None or ns.is_tool or spec.agents[ns.agent].loss.credit not in WHOLE_LOOP:
+        if (
+            turn is None
+            or ns.is_tool
+            or spec.agents[ns.agent].loss.credit not in WHOLE_LOOP_CREDITS
+        ):
             continue
         if node in out and out[node] is None:
             continue  # reads the whole episode already

@@ -245,3 +245,28 @@ def test_sigkill_mid_loop_resumes_with_a_clean_audit(
         assert sorted(store.table(agent).consumption_log()) == list(range(steps))
         ids = store.table(agent).read().sample_id
         assert len(np.unique(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("stop", [ALWAYS, NEVER])
+def test_evaluation_skips_and_reports_the_loops_final_round(
+    stop: str, tmp_path: Path, tiny_model: str
+) -> None:
+    """`flexmarl evaluate` runs a loop as training does: the tool between turns, later
+    rounds only where the check did not stop, no reward for a skipped sample, and per
+    rollout the reward of the last round it took."""
+    from flows.evaluate import EvalParams, evaluate
+
+    cfg = loop_meg(tmp_path, tiny_model, stop)
+    out = evaluate(EvalParams(config=str(cfg), base=True, limit=3, sampling="policy"))
+    later = [f"{n}@{r}" for n in ("solve", "check") for r in range(2, ROUNDS + 1)]
+    if stop == ALWAYS:
+        assert all(out["skipped"][n] == 3 for n in later) and out["skipped"]["solve@1"] == 0
+        assert all(out["samples"][n] == 0 for n in later)
+    else:
+        assert not any(out["skipped"].values())
+        assert all(out["samples"][n] == 3 for n in later)
+    assert "calc@1" not in out["node_reward"]  # the environment has no reward of its own
+    final = out["loops"]["retry.solve"]
+    assert final["rollouts"] == 3
+    last = "solve@1" if stop == ALWAYS else f"solve@{ROUNDS}"
+    assert final["final_reward"] == out["node_reward"][last]

@@ -189,7 +189,7 @@ def test_decode_is_asked_with_the_input_node() -> None:
 
 def test_skipped_rows_promise_every_sample_and_train_none() -> None:
     p = plan(2, judge=[0], code=[1])
-    rows = skipped_rows(p, 3, "act", step=7, version=4, now=12.5)
+    rows = skipped_rows(p, 3, step=7, version=4, now=12.5)
     assert [r["sample_id"] for r in rows] == ["e0/act/2/0", "e0/act/2/1", "e0/act/2/2"]
     assert list(p.sample_ids(3)) == [r["sample_id"] for r in rows]
     for r in rows:
@@ -208,11 +208,11 @@ def test_skipped_rows_promise_every_sample_and_train_none() -> None:
 
 
 def test_skipped_rows_of_zero_samples() -> None:
-    assert skipped_rows(plan(0, judge=[0]), 0, "act", 0, 0, 0.0) == []
+    assert skipped_rows(plan(0, judge=[0]), 0, 0, 0, 0.0) == []
 
 
 def test_a_stop_row_is_trained_beside_skipped_ones() -> None:
-    rows = skipped_rows(plan(0, judge=[0]), 2, "act", 1, 1, 3.0)
+    rows = skipped_rows(plan(0, judge=[0]), 2, 1, 1, 3.0)
     rows.append(row("e0/act/1/0", "x=1", "stop", step=1, policy_version=1))
     stored = SampleBatch.from_rows(rows)
     assert stored.trained.tolist() == [False, False, True]

@@ -43,7 +43,8 @@ def test_run_tests_is_a_built_in_tool_with_a_reference() -> None:
     with pytest.raises(KeyError, match="tool 'calculator' has no reference observation"):
         tool_reference("calculator")
     assert get_reward("repair_verdict") is not None
-    assert reward_reads("repair_verdict", {"target": "test"}) is None  # the whole episode
+    # what it reads is its target (a loop renames `test` to the round's `test@r`)
+    assert reward_reads("repair_verdict", {"target": "test@2"}) == frozenset({"test@2"})
     assert "run_tests" in TOOLS
 
 
@@ -106,6 +107,8 @@ def _episode(verdict: str, report: str, r: int = 2) -> tuple[SampleView, Episode
         (" yes", " 4/5 passed; f(-3) gave 6 not 0", 0.0),
         (" no", " 4/5 passed; f(-3) gave 6 not 0", 1.0),
         (" no", " 0/5 passed; no function", 1.0),
+        (" 53f(", " 0/5 passed; no function", 0.0),  # neither word: no verdict
+        (" yes no", " 5/5 passed", 0.0),  # both: no verdict
     ],
 )
 def test_the_reviewer_is_right_when_it_says_yes_exactly_when_all_passed(

@@ -1,0 +1,28 @@
+"""A small run of the agentic benchmark: its keys and what holds whatever the timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.agentic import ARMS, main
+
+pytestmark = pytest.mark.slow
+
+
+def test_agentic_bench_small(tmp_path: Path) -> None:
+    out = tmp_path / "agentic.json"
+    res = main(["--small", "--json", str(out)])
+    assert json.loads(out.read_text()) == res
+    assert set(res["arms"]) == set(ARMS)
+    for key in ("early_stop_step_time_ratio", "flex_over_sync_agentic"):
+        assert res[key] > 0
+    for key in ("heldout_pass_rate_before", "heldout_pass_rate_after"):
+        assert 0.0 <= res[key] <= 1.0
+    assert all(r["violations"] == 0 for r in res["arms"].values())
+    # a loop forced to its bound runs every round; the reviewer may stop the others early
+    assert res["arms"]["forced"]["rounds_taken"] == 1.0
+    assert res["arms"]["early"]["rounds_taken"] <= 1.0
+    assert set(res["arms"]["crbc"]["heldout"]) == {"rollouts", "final_reward", "solved"}
