@@ -79,6 +79,8 @@ bench: setup models
 	$(BIN)/python -m bench.tracking --steps 10 --repeats 3 --json bench/results/tracking.json
 	$(BIN)/python -m bench.reuse --runs 20 --json bench/results/reuse.json
 	$(BIN)/python -m bench.reuse --runs 12 --workload math-chain,fanout --json bench/results/reuse_alternating.json
+	$(BIN)/python -m bench.agentic --json bench/results/agentic.json
+	$(BIN)/python -m bench.agentic --seed 1 --json bench/results/agentic_seed1.json
 
 clean:
 	rm -rf $(VENV) runs

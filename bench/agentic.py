@@ -1,7 +1,7 @@
 """Agentic episodes: early stop, flex over sync, and whether the repair loop learns.
 
     python -m bench.agentic [--small] [--steps N] [--episodes N] [--heldout N]
-                            [--model DIR] [--json PATH]
+                            [--model DIR] [--seed S] [--json PATH]
 
 Every arm trains the warm-started `code-repair` team (coder → run_tests → reviewer, up to
 3 rounds) for the same steps, with the same seed, on a fresh default local cluster:
@@ -18,12 +18,15 @@ Per arm: `step_s` (median step time over steps >= 1; step 0 loads models), `roun
 `team_reward_last3`, the consistency audit's `violations`, and for `early` and `crbc` the
 held-out outcome of the final models (each agent sampling as in training, `--heldout`
 tasks of the held-out split): `final_reward` (per rollout, the reward of the last round it
-took) and `solved` (the fraction whose last round passed every test).
+took), `solved` (the fraction whose last round passed every test) and `repaired`.
 
 Keys: `early_stop_step_time_ratio` (`early` over `forced`), `flex_over_sync_agentic`
 (`sync` over `early`), `heldout_pass_rate_before` (the warm-started models),
-`heldout_pass_rate_after` (`early`'s), `crbc_vs_episode_reward_delta` (held-out
-`final_reward` of `crbc` minus `early`'s) and `crbc_vs_episode_solved_delta`.
+`heldout_pass_rate_after` (`early`'s), `heldout_repair_rate_before` / `_after` (of the
+rollouts whose first round failed a test, the fraction the repair rounds fixed: what the
+repair turn itself learned), `crbc_vs_episode_reward_delta` (held-out `final_reward` of
+`crbc` minus `early`'s), `crbc_vs_episode_solved_delta` and
+`crbc_vs_episode_repaired_delta`.
 `--small` (the test suite): 2 steps × 2 episodes, 4 held-out tasks, a 2-step warm start,
 one shared cluster.
 """
@@ -52,13 +55,14 @@ ARMS = ("early", "forced", "sync", "crbc")
 NEVER = {"node": "review", "fn": "matches", "params": {"pattern": "(?!)"}}
 
 
-def config_copy(arm: str, model: str, work: Path, steps: int, episodes: int) -> Path:
-    """code-repair on `model`, changed as `arm` says (module docstring)."""
+def config_copy(arm: str, model: str, work: Path, steps: int, episodes: int, seed: int = 0) -> Path:
+    """code-repair on `model`, changed as `arm` says (module docstring), run seed `seed`."""
     data = yaml.safe_load(BUILTIN["code-repair"].read_text())
     for agent in data["agents"].values():
         agent["model"] = model
     data["plugins"] = ["workloads.code_repair"]
     data["run"] = {"steps": steps, "episodes_per_step": episodes, "micro_batches": 2}
+    data["run"]["seed"] = seed
     data["run"]["mode"] = "sync" if arm == "sync" else "flex"
     if arm == "forced":
         data["loops"]["repair"]["until"] = [NEVER]
@@ -119,11 +123,16 @@ def ratios(arms: dict[str, dict[str, Any]], before: dict[str, float]) -> dict[st
         "flex_over_sync_agentic": round(sync["step_s"] / early["step_s"], 4),
         "heldout_pass_rate_before": before["solved"],
         "heldout_pass_rate_after": early["heldout"]["solved"],
+        "heldout_repair_rate_before": before["repaired"],
+        "heldout_repair_rate_after": early["heldout"]["repaired"],
         "crbc_vs_episode_reward_delta": round(
             crbc["heldout"]["final_reward"] - early["heldout"]["final_reward"], 4
         ),
         "crbc_vs_episode_solved_delta": round(
             crbc["heldout"]["solved"] - early["heldout"]["solved"], 4
+        ),
+        "crbc_vs_episode_repaired_delta": round(
+            crbc["heldout"]["repaired"] - early["heldout"]["repaired"], 4
         ),
     }
 
@@ -147,6 +156,7 @@ def run(
     model: str | None,
     shared: bool,
     warm_steps: int | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": str(date.today()),
@@ -156,6 +166,7 @@ def run(
         "steps": steps,
         "episodes_per_step": episodes,
         "heldout_tasks": tasks,
+        "seed": seed,
     }
     with prefect_api(), ExitStack() as stack:
         model = model or build_model(work, warm_steps)
@@ -163,10 +174,10 @@ def run(
         address = None if cluster is None else cluster.address
         arms = {}
         for arm in ARMS:
-            cfg = config_copy(arm, model, work, steps, episodes)
+            cfg = config_copy(arm, model, work, steps, episodes, seed)
             arms[arm] = run_arm(arm, cfg, work / f"run-{arm}", address, tasks)
             print(f"{arm}: {arms[arm]}")
-        before = heldout(config_copy("early", model, work, steps, episodes), None, tasks)
+        before = heldout(config_copy("early", model, work, steps, episodes, seed), None, tasks)
     results["arms"] = arms
     results["heldout_before"] = before
     return results | ratios(arms, before)
@@ -176,7 +187,8 @@ def table(results: dict[str, Any]) -> Any:
     from rich.table import Table
 
     t = Table(title=f"code-repair: {results['steps']} steps × {results['episodes_per_step']}")
-    for col in ("arm", "step s", "rounds taken", "train reward", "held-out final", "solved"):
+    cols = ("arm", "step s", "rounds taken", "train reward", "held-out final", "solved", "repaired")
+    for col in cols:
         t.add_column(col, justify="left" if col == "arm" else "right")
     for arm, r in results["arms"].items():
         h = r.get("heldout", {})
@@ -187,6 +199,7 @@ def table(results: dict[str, Any]) -> Any:
             f"{r['team_reward_last3']:.3f}",
             f"{h['final_reward']:.3f}" if h else "-",
             f"{h['solved']:.3f}" if h else "-",
+            f"{h['repaired']:.3f} of {int(h['first_failed'])}" if h else "-",
         )
     return t
 
@@ -202,12 +215,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--heldout", type=int, default=64, help="held-out tasks evaluated")
     p.add_argument("--model", help="a warm-started code-repair model (default: build one)")
+    p.add_argument("--seed", type=int, default=0, help="run seed (data order and sampling)")
     p.add_argument("--json", default="bench/results/agentic.json")
     a = p.parse_args(argv)
     steps, episodes, tasks = (2, 2, 4) if a.small else (a.steps, a.episodes, a.heldout)
     with tempfile.TemporaryDirectory(prefix="flexmarl-agentic-") as tmp:
         warm = 2 if a.small else None  # --small checks keys, not learning
-        res = run(steps, episodes, tasks, Path(tmp), a.model, shared=a.small, warm_steps=warm)
+        res = run(steps, episodes, tasks, Path(tmp), a.model, a.small, warm_steps=warm, seed=a.seed)
     Console().print(table(res))
     keys = [k for k in res if k.endswith(("_ratio", "_agentic", "_before", "_after", "_delta"))]
     for k in keys:

@@ -44,8 +44,7 @@ def loop_finals(
     skipped: Callable[[str], bool],
 ) -> dict[str, dict[str, float]]:
     """Per loop body node of an agent (`repair.code`): over the rollouts of the loop (the
-    samples of its entry's round 1), the mean reward of the last round each took, and the
-    fraction whose last round scored 1 (`solved`)."""
+    samples of its entry's round 1), `_outcomes` of their first and last rounds taken."""
     chains: dict[tuple[str, str], dict[int, str]] = {}
     for n, ns in spec.nodes.items():
         if ns.turn is not None and not ns.is_tool and n in rewards:
@@ -60,22 +59,38 @@ def loop_finals(
             for n in rounds.values()
             for i, sid in enumerate(sample_ids[n])
         }
+        first: dict[str, float] = {}  # rollout → reward of its first round
         last: dict[str, tuple[int, float]] = {}  # rollout → (round, reward) of its last round
         for r, n in sorted(rounds.items()):
             for sid in sample_ids[n]:
                 if skipped(sid):
                     continue
                 root = lineage(sid).get(round_name(entry, 1), sid)
+                first.setdefault(root, reward_of[sid])
                 if r >= last.get(root, (0, 0.0))[0]:
                     last[root] = (r, reward_of[sid])
-        finals = np.array([v for _, v in last.values()], np.float64)
-        finals = finals[np.isfinite(finals)]
-        out[f"{loop}.{body}"] = {
-            "rollouts": float(len(finals)),
-            "final_reward": round(float(finals.mean()), 4) if len(finals) else 0.0,
-            "solved": round(float((finals >= 1.0).mean()), 4) if len(finals) else 0.0,
-        }
+        out[f"{loop}.{body}"] = _outcomes(
+            np.array([first[k] for k in last], np.float64),
+            np.array([v for _, v in last.values()], np.float64),
+        )
     return out
+
+
+def _outcomes(first: np.ndarray, final: np.ndarray) -> dict[str, float]:
+    """A loop's outcome over its rollouts (first and last round's reward of each): the mean
+    final reward, the fraction `solved` (final 1), and of the rollouts whose first round
+    fell short, how many there were (`first_failed`) and the fraction the later rounds
+    repaired (`repaired`: what the repair turns themselves achieve)."""
+    ok = np.isfinite(final)
+    first, final = first[ok], final[ok]
+    short = np.isfinite(first) & (first < 1.0)
+    return {
+        "rollouts": float(len(final)),
+        "final_reward": round(float(final.mean()), 4) if len(final) else 0.0,
+        "solved": round(float((final >= 1.0).mean()), 4) if len(final) else 0.0,
+        "first_failed": float(short.sum()),
+        "repaired": round(float((final[short] >= 1.0).mean()), 4) if short.any() else 0.0,
+    }
 
 
 def tool_samples(

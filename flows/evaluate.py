@@ -348,6 +348,8 @@ def table(result: dict[str, Any]) -> Any:
         rollouts = str(int(f["rollouts"]))
         t.add_row("loop final", chain, "", rollouts, f"{f['final_reward']:.3f}")
         t.add_row("loop solved", chain, "", rollouts, f"{f['solved']:.3f}")
+        failed = str(int(f.get("first_failed", 0)))
+        t.add_row("loop repaired", chain, "", failed, f"{f.get('repaired', 0.0):.3f}")
     return t
 
 

@@ -158,7 +158,7 @@ def plan_prompts(
     return plans, prompts_of(ctx, node, plans, batches, index, episodes)
 
 
-def live_plans(
+def skipped_plans(
     ctx: RunContext,
     node: str,
     plans: list[InvocationPlan],
@@ -305,7 +305,7 @@ def generate_segment(
         ref = table.write_segment(key, result.complete)
         return gen_ref(ref, result.complete, resumed=False, carried=result.carried)
     plans, batches, index = plan_inputs(ctx, node, step, mb, episodes)
-    skip = live_plans(ctx, node, plans, batches, index)
+    skip = skipped_plans(ctx, node, plans, batches, index)
     if spec.nodes[node].is_tool:
         rows, rewards, status = tool_rows(
             ctx, node, step, plans, skip, batches, index, episodes, min_version

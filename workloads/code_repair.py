@@ -158,6 +158,26 @@ def repair_verdict(
     return float(said_yes == all_passed(judged[0].text))
 
 
+@register_reward("tests_passed", reads=_reads_target)
+def tests_passed(sample: SampleView, episode: EpisodeView, task: TaskItem, *, target: str) -> float:
+    """The fraction of hidden tests the sample's code passed, read from its `target` child's
+    `run_tests` report (`" 3/5 passed..."` → 0.6): the tool already ran the code in the
+    sandbox, so the coder's reward does not run it a second time (`code_tests` would).
+    The report is the tool's text, never the model's."""
+    node = round_target(target, sample.node)
+    reports = [
+        s.text for s in episode.samples.values() if s.node == node and sample.id in s.parent_ids
+    ]
+    if not reports:
+        raise ValueError(
+            f"tests_passed reward: sample {sample.id} ({sample.node}) has no {node!r} child"
+        )
+    m = _REPORT.match(reports[0])
+    if m is None:
+        raise ValueError(f"tests_passed reward: {reports[0]!r} is not a run_tests report")
+    return int(m.group(1)) / int(m.group(2))
+
+
 def reference_verdict(task: TaskItem, parents: dict[str, str], rng: random.Random) -> str:
     """`repair_verdict`'s warm-start completion: ` yes` when the report among the parents
     says every test passed, else ` no`."""

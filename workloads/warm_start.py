@@ -105,6 +105,7 @@ REFERENCES.add("verdict", _verdict)
 REFERENCES.add("math_answer", _math_answer, shown=_math_shown)
 REFERENCES.add("math_verdict", _math_verdict)
 REFERENCES.add("code_tests", reference_code, shown=shown_code)
+REFERENCES.add("tests_passed", reference_code, shown=shown_code)  # code-repair's coder
 REFERENCES.add("code_assertions", reference_assertions)
 REFERENCES.add("repair_verdict", reference_verdict)
 

@@ -309,8 +309,10 @@ class AgentTrainer:
                 f"{[(j, acc.parts.get(j), expect.get(j)) for j in sorted(expect)]}); "
                 "refusing to step on a batch that is not the step's"
             )
-        if acc is None or acc.seqs == 0:
+        if acc is None:
             raise RuntimeError(f"{self.agent}: step() without begin_step() + accumulate()")
+        if acc.seqs == 0:  # every micro-batch empty (a loop whose turns were all skipped)
+            return self._empty_step(acc)
         if acc.global_tokens is None:  # streaming: divide the summed gradients now
             scale = normaliser(self.config.aggregation, acc.tokens, acc.seqs)
             for p in self._names:
@@ -361,6 +363,18 @@ class AgentTrainer:
             acc.step,
             dict(acc.parts),
         )
+
+    def _empty_step(self, acc: Any) -> StepResult:
+        """A step whose micro-batches held no row: nothing to learn, so no update (AdamW's
+        moments and weight decay stay as they are) and the version stays; recorded as a
+        skipped step, as a non-finite one is, and the run goes on."""
+        if not acc.parts:
+            raise RuntimeError(f"{self.agent}: step() without begin_step() + accumulate()")
+        self._pending = None
+        log.info(
+            "%s: step %s held no rows; no update (version %d)", self.agent, acc.step, self.version
+        )
+        return StepResult(self.version, True, 0.0, 0.0, 0, 0, {}, acc.step, dict(acc.parts))
 
     # ---- state ----------------------------------------------------------------------------
     def weights(self) -> dict[str, Tensor]:

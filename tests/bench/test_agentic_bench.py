@@ -25,4 +25,4 @@ def test_agentic_bench_small(tmp_path: Path) -> None:
     # a loop forced to its bound runs every round; the reviewer may stop the others early
     assert res["arms"]["forced"]["rounds_taken"] == 1.0
     assert res["arms"]["early"]["rounds_taken"] <= 1.0
-    assert set(res["arms"]["crbc"]["heldout"]) == {"rollouts", "final_reward", "solved"}
+    assert {"final_reward", "solved", "repaired"} <= set(res["arms"]["crbc"]["heldout"])

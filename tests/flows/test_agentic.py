@@ -270,3 +270,34 @@ def test_evaluation_skips_and_reports_the_loops_final_round(
     assert final["rollouts"] == 3
     last = "solve@1" if stop == ALWAYS else f"solve@{ROUNDS}"
     assert final["final_reward"] == out["node_reward"][last]
+    assert final["first_failed"] == round(3 * (1 - out["node_reward"]["solve@1"]))  # 0 or 1
+    if stop == ALWAYS:  # one round: nothing was repaired
+        assert final["repaired"] == 0.0
+
+
+def test_a_tool_that_fails_skips_what_follows_and_the_run_goes_on(
+    tmp_path: Path, tiny_model: str, cluster: str
+) -> None:
+    """A tool call that raises costs its invocation: the tool row is stored `skipped` with
+    the reason in its score status, the turns after it do not run, and the run trains on
+    the turns that did."""
+    cfg = loop_meg(tmp_path, tiny_model, NEVER)
+    (tmp_path / "broken_tools.py").write_text(
+        "from workloads.tools import register_tool\n\n\n"
+        "@register_tool('broken')\n"
+        "def broken(sample, episode, task, **_):\n"
+        "    raise RuntimeError('the environment is down')\n"
+    )
+    data = yaml.safe_load(cfg.read_text())
+    data["plugins"] = ["broken_tools.py"]
+    data["loops"]["retry"]["body"]["calc"]["tool"]["fn"] = "broken"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    _, store = run(cfg, tmp_path, cluster)
+    solver = store.table("solver").read()
+    calc = solver.node == "calc@1"
+    assert (solver.finish_reason[calc] == SKIPPED).all()
+    assert all("the environment is down" in s for s in solver.score_status[calc].tolist())
+    assert (solver.finish_reason[solver.node != "solve@1"] == SKIPPED).all()
+    assert (store.table("checker").read().finish_reason == SKIPPED).all()
+    log = store.table("solver").consumption_log()
+    assert sum(r["extra"]["rows"] for r in log.values()) == 2 * 2 * 2  # solve@1 only

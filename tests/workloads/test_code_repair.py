@@ -179,3 +179,24 @@ def test_warm_start_trains_agent_nodes_and_shows_tool_reports() -> None:
             assert ex.completion == (" yes" if all_passed(test) else " no")
             verdicts.add(ex.completion)
     assert verdicts == {" yes", " no"}
+
+
+@pytest.mark.parametrize(
+    ("report", "score"),
+    [
+        (" 5/5 passed", 1.0),
+        (" 2/5 passed; f(0) gave 4 not 3", 0.4),
+        (" 0/5 passed; no function", 0.0),
+    ],
+)
+def test_the_coder_is_rewarded_with_what_its_tests_reported(report: str, score: float) -> None:
+    """`tests_passed` reads the code's own round's report (not another round's, not
+    another sample's), so the code runs once, in the tool."""
+    fn = get_reward("tests_passed")
+    _, episode = _episode(" yes", report)
+    code = episode.samples["c"]
+    assert fn(code, episode, TASK, target="test") == score  # resolved to test@2
+    assert reward_reads("tests_passed", {"target": "test@2"}) == frozenset({"test@2"})
+    lone = SampleView("c9", "code@2", " def f(x): return x", ())
+    with pytest.raises(ValueError, match=r"c9 \(code@2\) has no 'test@2' child"):
+        fn(lone, episode, TASK, target="test")

@@ -238,3 +238,21 @@ def test_begin_step_needs_both_counts_or_neither(tiny_model: str) -> None:
     tr = AgentTrainer("a", tiny_model, TrainConfig())
     with pytest.raises(ValueError, match="both"):
         tr.begin_step(10, None)
+
+
+def test_a_step_of_empty_micro_batches_updates_nothing(tiny_model: str) -> None:
+    """An agent whose turns were all skipped (a loop that stopped early) has a step with no
+    rows: no update, the version stays, the step is recorded as skipped, and the next step
+    trains as usual."""
+    tr = AgentTrainer("a", tiny_model, TrainConfig())
+    before = {k: v.clone() for k, v in tr.weights().items()}
+    tr.begin_step(step=0)
+    tr.accumulate_empty(0)
+    tr.accumulate_empty(1)
+    result = tr.step(expect={0: (0, 0), 1: (0, 0)})
+    assert result.skipped and result.version == tr.version == 0 and result.num_seqs == 0
+    assert all(torch.equal(before[k], v) for k, v in tr.weights().items())
+    mb = merge(random_batch(seed=3, n=2))
+    tr.begin_step(step=1)
+    tr.accumulate(mb, part=0)
+    assert tr.step().version == 1
