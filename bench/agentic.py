@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--small", action="store_true", help="2 steps × 2 episodes, shared cluster")
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=24)
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--heldout", type=int, default=64, help="held-out tasks evaluated")
     p.add_argument("--model", help="a warm-started code-repair model (default: build one)")
