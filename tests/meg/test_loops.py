@@ -184,8 +184,10 @@ def test_code_repair_rewards_and_team_nodes_cover_every_round() -> None:
     spec = code_repair()
     assert set(spec.rewards) == {f"{b}@{r}" for b in ("code", "review") for r in (1, 2, 3)}
     for r in (1, 2, 3):
-        assert spec.rewards[f"code@{r}"] == RewardSpec(fn="code_tests")
         # a param naming a body node names the same round's node
+        assert spec.rewards[f"code@{r}"] == RewardSpec(
+            fn="tests_passed", params={"target": f"test@{r}"}
+        )
         assert spec.rewards[f"review@{r}"] == RewardSpec(
             fn="repair_verdict", params={"target": f"test@{r}"}
         )
