@@ -108,8 +108,11 @@ def _chain(
             seen = [texts[x] for n, x in line.items() if x in texts]  # observations so far
             pos[sid] = len(where)
             where.append((node, i))
-            cols["group"].append(line[entry].rsplit("/", 1)[0])
-            cols["parent"].append(pos.get(prev, -1) if prev is not None else -1)
+            root = line.get(entry, sid)  # a body node that does not fan out of the entry:
+            group = root.rsplit("/", 1)[0]  # its own invocation is its group
+            up = pos.get(prev, -1) if prev is not None else -1
+            cols["parent"].append(up if up < 0 or cols["group"][up] == group else -1)
+            cols["group"].append(group)
             cols["round"].append(r)
             cols["reward"].append(float(s.reward[i]) if s.used[i] else float("nan"))
             cols["state"].append(f"{r}|" + "|".join(seen))
