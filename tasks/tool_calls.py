@@ -134,6 +134,7 @@ def tool_rows(
     """The node's rows (one per invocation) with their score columns: the tool's reward
     (NaN: none) and status (`tool ...`, `failed: ...` or `skipped`)."""
     live = [k for k, s in enumerate(skip) if not s]
+    start = time.time()
     outcomes = dict(
         zip(
             live,
@@ -157,7 +158,7 @@ def tool_rows(
         finish = TOOL_STOP if o.tool["terminal"] else TOOL
         sid = plan.sample_ids(1)[0]
         rows.append(
-            plan_row(plan, sid, step, version, finish, (now, now), (), ids, [0.0] * len(ids))
+            plan_row(plan, sid, step, version, finish, (start, now), (), ids, [0.0] * len(ids))
         )
         r = o.tool.get("reward")
         rewards.append(float("nan") if r is None else float(r))
