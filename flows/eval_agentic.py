@@ -19,7 +19,7 @@ import numpy as np
 
 from meg import MEGSpec
 from meg.expand import InvocationPlan, SampleInfo
-from meg.loops import round_name
+from meg.loops import chain_nodes, round_name
 from tasks.tool_calls import call_tool_node
 from workloads.datasets import TaskItem
 
@@ -45,27 +45,21 @@ def loop_finals(
 ) -> dict[str, dict[str, float]]:
     """Per loop body node of an agent (`repair.code`): over the rollouts of the loop (the
     samples of its entry's round 1), `_outcomes` of their first and last rounds taken."""
-    chains: dict[tuple[str, str], dict[int, str]] = {}
-    for n, ns in spec.nodes.items():
-        if ns.turn is not None and not ns.is_tool and n in rewards:
-            chains.setdefault((ns.turn.loop, ns.turn.body), {})[ns.turn.round] = n
     out: dict[str, dict[str, float]] = {}
-    for (loop, body), rounds in chains.items():
-        entry = next(
-            ns.turn.entry for ns in spec.nodes.values() if ns.turn and ns.turn.loop == loop
-        )
+    for (loop, body), rounds in chain_nodes(spec).items():
+        turn = spec.nodes[rounds[0]].turn
+        assert turn is not None
+        entry = round_name(turn.entry, 1)
         reward_of = {
-            sid: float(rewards[n][i])
-            for n in rounds.values()
-            for i, sid in enumerate(sample_ids[n])
+            sid: float(rewards[n][i]) for n in rounds for i, sid in enumerate(sample_ids[n])
         }
         first: dict[str, float] = {}  # rollout → reward of its first round
         last: dict[str, tuple[int, float]] = {}  # rollout → (round, reward) of its last round
-        for r, n in sorted(rounds.items()):
+        for r, n in enumerate(rounds, 1):
             for sid in sample_ids[n]:
                 if skipped(sid):
                     continue
-                root = lineage(sid).get(round_name(entry, 1), sid)
+                root = lineage(sid).get(entry, sid)
                 first.setdefault(root, reward_of[sid])
                 if r >= last.get(root, (0, 0.0))[0]:
                     last[root] = (r, reward_of[sid])

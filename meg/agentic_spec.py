@@ -29,12 +29,11 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ToolSpec(_Frozen):
-    """The tool a node runs: a registered name (`run_tests`, `calculator`, `lookup`, or one
-    of a plug-in's `@register_tool`), or `module:function`; `params` are passed as keywords.
-    It runs in the worker's reward processes, with a timeout per call like a reward."""
+class CallSpec(_Frozen):
+    """A registered function a node binds, run in the worker's reward processes: `fn`, its
+    keyword `params` and a timeout per call (a reward's `RewardSpec`, a tool's `ToolSpec`)."""
 
-    fn: str = Field(description="A registered tool name, or `module:function` of your own.")
+    fn: str = Field(description="A registered name, or `module:function` of your own.")
     params: dict[str, Any] = Field(default_factory=dict)
     timeout_s: float | None = Field(
         None,
@@ -42,6 +41,14 @@ class ToolSpec(_Frozen):
         le=MAX_TIMEOUT_S,
         description="Per-call timeout, seconds; default `run.scoring.timeout_s`.",
     )
+
+
+class ToolSpec(CallSpec):
+    """The tool a node runs: a registered name (`run_tests`, `calculator`, `lookup`, or one
+    of a plug-in's `@register_tool`), or `module:function`; `params` are passed as keywords.
+    It runs in the worker's reward processes, with a timeout per call like a reward."""
+
+    fn: str = Field(description="A registered tool name, or `module:function` of your own.")
 
     @field_validator("fn")
     @classmethod

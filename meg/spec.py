@@ -15,13 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from meg.agentic_spec import LoopSpec, ToolSpec, TurnOf, WhenSpec
+from meg.agentic_spec import CallSpec, LoopSpec, ToolSpec, TurnOf, WhenSpec
 from meg.limits import (
     MAX_DATASET,
     MAX_GROUP,
     MAX_ROUNDS,
     MAX_SEED,
-    MAX_TIMEOUT_S,
 )
 from meg.run_spec import RunSpec
 
@@ -311,17 +310,10 @@ class NodeSpec(_Frozen):
         return v
 
 
-class RewardSpec(_Frozen):
+class RewardSpec(CallSpec):
     """A registered reward function bound to a node; `params` are passed as keywords."""
 
     fn: str = Field(description="A registered reward name, or `module:function` of your own.")
-    params: dict[str, Any] = Field(default_factory=dict)
-    timeout_s: float | None = Field(
-        None,
-        gt=0.0,
-        le=MAX_TIMEOUT_S,
-        description="Per-call timeout, seconds; default `run.scoring.timeout_s`.",
-    )
 
 
 class ExchangeSpec(_Frozen):

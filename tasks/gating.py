@@ -16,7 +16,8 @@ from typing import Any
 
 from meg.conditions import holds
 from meg.expand import InvocationPlan
-from meg.spec import NodeSpec
+from meg.loops import gated
+from meg.spec import MEGSpec, NodeSpec
 from storage.schema import SKIPPED, TOOL_STOP, SampleBatch
 
 Decode = Callable[[str, Sequence[int]], str]  # (input node, token ids) -> text
@@ -43,6 +44,13 @@ def is_skipped(node: NodeSpec, plan: InvocationPlan, shown: Callable[[str], Show
         if any(results) if cond.negate else not all(results):
             return True
     return False
+
+
+def can_skip(spec: MEGSpec) -> bool:
+    """Whether any invocation of `spec` may be skipped: a node has a condition (`gated`),
+    or a tool call may fail (its invocation, and what follows, is then skipped). Neither:
+    nothing is checked, plan by plan, on every generate task."""
+    return gated(spec) or any(n.is_tool for n in spec.nodes.values())
 
 
 def skipped(

@@ -12,6 +12,7 @@ rollouts). Skipped rows are not turns: a row whose next round was not taken is f
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,10 @@ import numpy as np
 from engines.training.catalog import WHOLE_LOOP_CREDITS
 from engines.training.turn_credit import TurnRows, turn_credit
 from meg.expand import expand_episode
-from meg.loops import round_name
+from meg.loops import chain_nodes, round_name
 from storage.schema import SKIPPED, SampleBatch
 from tasks.context import RunContext
 from tasks.failures import ScoredRows
-from tasks.worker import tokenizer_of
 
 
 def _lineages(ctx: RunContext, episodes: set[str]) -> dict[str, dict[str, str]]:
@@ -36,39 +36,32 @@ def _lineages(ctx: RunContext, episodes: set[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _tool_texts(ctx: RunContext, batches: dict[str, SampleBatch]) -> dict[str, str]:
-    """Sample id → decoded text, for the tool rows held (the observations)."""
-    out: dict[str, str] = {}
-    for node, b in batches.items():
-        if not ctx.spec.nodes[node].is_tool:
-            continue
-        tok = tokenizer_of(ctx, ctx.spec.nodes[node].agent)
-        for i in range(len(b)):
-            out[str(b.sample_id[i])] = tok.decode(b.response(i).tolist(), skip_special_tokens=True)
-    return out
-
-
 def loop_advantages(
     ctx: RunContext,
     scored: dict[str, tuple[SampleBatch, ScoredRows]],
-    batches: dict[str, SampleBatch],
+    views: Mapping[str, Mapping[str, Mapping[str, Any]]],
 ) -> dict[str, np.ndarray]:
     """Advantages of the loop rounds among `scored` (node → its rows and scores), per
-    chain of rounds and its agent's credit rule; other nodes are not in the result."""
+    chain of rounds and its agent's credit rule; other nodes are not in the result.
+    `views`: the score task's episode views (`tasks.scoring.episode_views`), where the
+    tool observations are read."""
     spec = ctx.spec
-    chains: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for node in scored:
-        turn = spec.nodes[node].turn
-        if turn is not None and not spec.nodes[node].is_tool:
-            chains[(turn.loop, turn.body)].append(node)
-    if not chains:
+    full = chain_nodes(spec)
+    chains = {k: [n for n in ns if n in scored] for k, ns in full.items()}
+    if not any(chains.values()):
         return {}
     episodes = {str(e) for b, _ in scored.values() for e in b.episode}
     lineage = _lineages(ctx, episodes)
-    texts = _tool_texts(ctx, batches)
+    texts = {  # sample id → text, of the tool rows held (the observations)
+        sid: v["text"]
+        for ep in views.values()
+        for sid, v in ep.items()
+        if spec.nodes[v["node"]].is_tool
+    }
     out: dict[str, np.ndarray] = {}
-    for nodes in chains.values():
-        out.update(_chain(ctx, sorted(nodes, key=_round_of), scored, lineage, texts))
+    for key, held in chains.items():
+        if held:
+            out.update(_chain(ctx, held, len(full[key]), scored, lineage, texts))
     return out
 
 
@@ -79,6 +72,7 @@ def _round_of(node: str) -> int:
 def _chain(
     ctx: RunContext,
     nodes: list[str],
+    rounds: int,
     scored: dict[str, tuple[SampleBatch, ScoredRows]],
     lineage: dict[str, dict[str, str]],
     texts: dict[str, str],
@@ -88,7 +82,7 @@ def _chain(
     assert first.turn is not None
     entry = round_name(first.turn.entry, 1)
     loss = spec.agents[first.agent].loss
-    if loss.credit in WHOLE_LOOP_CREDITS and len(nodes) != _rounds(ctx, first.turn):
+    if loss.credit in WHOLE_LOOP_CREDITS and len(nodes) != rounds:
         raise RuntimeError(
             f"credit {loss.credit!r} needs every round of {first.turn.body!r} in one score task, "
             f"got {nodes}; the scoring plan should have joined them"
@@ -130,11 +124,3 @@ def _chain(
     for (node, i), a in zip(where, adv, strict=True):
         out[node][i] = a
     return out
-
-
-def _rounds(ctx: RunContext, turn: Any) -> int:
-    return sum(
-        1
-        for node in ctx.spec.nodes.values()
-        if node.turn is not None and node.turn.loop == turn.loop and node.turn.body == turn.body
-    )

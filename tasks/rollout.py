@@ -29,7 +29,7 @@ from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
-from tasks.gating import plan_row, skipped, skipped_rows
+from tasks.gating import can_skip, plan_row, skipped, skipped_rows
 from tasks.refs import Episode, GenRef
 from tasks.scoring import score_micro_batch
 from tasks.tool_calls import commit_tool_segment, tool_rows
@@ -168,6 +168,8 @@ def skipped_plans(
     """Per plan, whether it is skipped (`tasks.gating`): conditions read their input's text
     as the rewards do."""
     spec = ctx.spec
+    if not can_skip(spec):
+        return [False] * len(plans)
 
     def decode(parent: str, ids: Any) -> str:
         tok = tokenizer_of(ctx, spec.nodes[parent].agent)

@@ -62,28 +62,38 @@ def call_rewards(
     return out
 
 
-def reward_rows(
-    ctx: RunContext,
-    batches: dict[str, SampleBatch],
-    episodes: tuple[Episode, ...],
-    nodes: tuple[str, ...],
-) -> dict[str, NodeScores]:
-    """Rewards and call outcomes per row of each of `nodes` (`call_rewards`); the episode
-    views hold every batch in `batches`."""
-    spec = ctx.spec
+def sample_view(tok: Any, node: str, batch: SampleBatch, i: int) -> dict[str, Any]:
+    """What a reward or a tool sees of row `i`: its node, its text (decoded without special
+    tokens) and its parents' sample ids."""
+    return {
+        "node": node,
+        "text": tok.decode(batch.response(i).tolist(), skip_special_tokens=True),
+        "parents": [p for p in str(batch.parent_ids[i]).split(",") if p],
+    }
+
+
+def episode_views(ctx: RunContext, batches: dict[str, SampleBatch]) -> Views:
+    """Per episode, the view of every row in `batches` that exists (not skipped)."""
     views: Views = defaultdict(dict)
     for node, b in batches.items():
-        tok = tokenizer_of(ctx, spec.nodes[node].agent)
+        tok = tokenizer_of(ctx, ctx.spec.nodes[node].agent)
         for i in range(len(b)):
             if b.finish_reason[i] == SKIPPED:  # never happened: no sample to see
                 continue
-            text = tok.decode(b.response(i).tolist(), skip_special_tokens=True)
-            parents = [p for p in str(b.parent_ids[i]).split(",") if p]
-            views[str(b.episode[i])][str(b.sample_id[i])] = {
-                "node": node,
-                "text": text,
-                "parents": parents,
-            }
+            views[str(b.episode[i])][str(b.sample_id[i])] = sample_view(tok, node, b, i)
+    return views
+
+
+def reward_rows(
+    ctx: RunContext,
+    batches: dict[str, SampleBatch],
+    views: Views,
+    episodes: tuple[Episode, ...],
+    nodes: tuple[str, ...],
+) -> dict[str, NodeScores]:
+    """Rewards and call outcomes per row of each of `nodes` (`call_rewards`), the rewards
+    seeing `views` (`episode_views` of `batches`)."""
+    spec = ctx.spec
     rows = [
         (n, i)
         for n in nodes
@@ -187,7 +197,8 @@ def score_micro_batch(
         else st.table(spec.nodes[n].agent).read(step=step, node=n, micro_batch=mb)
         for n in group.loads
     }
-    raw = reward_rows(ctx, batches, episodes, group.nodes)
+    views = episode_views(ctx, batches)
+    raw = reward_rows(ctx, batches, views, episodes, group.nodes)
     rule = spec.run.scoring.on_failure
     per_agent: dict[str, RewardSum] = defaultdict(RewardSum)
     failed: dict[str, int] = defaultdict(int)
@@ -198,7 +209,7 @@ def score_micro_batch(
             continue
         b = batches[node]
         rows[node] = (b, without_skipped(apply_failure_rule(rule, raw[node], b.group_id), b))
-    looped = loop_advantages(ctx, rows, batches)
+    looped = loop_advantages(ctx, rows, views)
     for node, (b, scored) in rows.items():
         adv = looped[node] if node in looped else advantages_for(ctx, node, b, scored, episodes)
         st.table(spec.nodes[node].agent).write_scores(

@@ -31,6 +31,7 @@ from tasks.context import RunContext
 from tasks.gating import plan_row, skipped_rows
 from tasks.refs import Episode
 from tasks.reward_calls import Call, Job, Outcome, pool_for
+from tasks.scoring import sample_view
 from tasks.worker import tokenizer_of
 from workloads.datasets import TaskItem
 
@@ -48,14 +49,8 @@ def _views(
     for plan in plans:
         for parent, samples in plan.inputs:
             tok = tokenizer_of(ctx, ctx.spec.nodes[parent].agent)
-            b = batches[parent]
             for s in samples:
-                i = index[s.id]
-                out[s.id] = {
-                    "node": parent,
-                    "text": tok.decode(b.response(i).tolist(), skip_special_tokens=True),
-                    "parents": [p for p in str(b.parent_ids[i]).split(",") if p],
-                }
+                out[s.id] = sample_view(tok, parent, batches[parent], index[s.id])
     return out
 
 
