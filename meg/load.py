@@ -202,6 +202,13 @@ def validate(
     for name in [*spec.agents, *spec.nodes]:
         if not NAME.match(name):
             raise fail(f"invalid name {name!r}: use letters, digits, _, - and @", name)
+    for name in spec.nodes:
+        if name in RESERVED:
+            raise fail(
+                f"node {name!r}: `{{{name}}}` is a reserved placeholder (the task's text), so a "
+                "template could never read this node; rename the node",
+                f"nodes.{name}",
+            )
     for name, node in spec.nodes.items():
         where = f"nodes.{name}"
         if node.agent not in spec.agents and not (node.is_tool and not node.agent):

@@ -78,7 +78,9 @@ class BalancerConfig:
 
 class Balancer(Protocol):
     def hosts_of(self, agent: str) -> tuple[str, ...]: ...
-    def observe(self, agent: str, start: float, end: float, step: int = 0) -> None: ...
+    def observe(
+        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+    ) -> None: ...
     def end_step(self, step: int = 0) -> bool: ...
     def place(self, agent: str, est_tokens: int) -> str: ...
     def complete(self, host: str, tokens: int) -> None: ...
@@ -160,14 +162,21 @@ class HierarchicalBalancer:
             raise KeyError(f"unknown agent {agent!r}; known: {', '.join(self.agents)}")
         return self.assignment[agent]
 
-    def observe(self, agent: str, start: float, end: float, step: int = 0) -> None:
+    def observe(
+        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+    ) -> None:
         """One generate task of `agent` in `step` ran on its host from `start` to `end`
-        (steps overlap: a task of step k+1 may finish before the last one of step k)."""
+        (steps overlap: a task of step k+1 may finish before the last one of step k).
+
+        `demand=False` (a tool node's task: the environment, run in the reward processes, not
+        on the agent's engine) counts toward the step's span but not the agent's demand:
+        more engines would not make the tool faster."""
         self.hosts_of(agent)
         if end < start:
             raise ValueError(f"a task cannot end ({end}) before it starts ({start})")
         tasks = self._steps.setdefault(step, self._no_tasks())
-        tasks.seconds[agent].append(end - start)
+        if demand:
+            tasks.seconds[agent].append(end - start)
         tasks.start, tasks.end = min(tasks.start, start), max(tasks.end, end)
 
     def counts(self) -> dict[str, int]:
@@ -315,7 +324,9 @@ class NoBalancing:
             raise KeyError(f"unknown agent {agent!r}; known: {', '.join(self.agents)}")
         return self.assignment[agent]
 
-    def observe(self, agent: str, start: float, end: float, step: int = 0) -> None:
+    def observe(
+        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+    ) -> None:
         self.hosts_of(agent)
 
     def end_step(self, step: int = 0) -> bool:

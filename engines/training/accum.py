@@ -4,12 +4,14 @@ which rows need a forward pass at all (zero-advantage skipping)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from engines.training.aggregate import aggregate
+from engines.training.config import StepMismatchError
 
 
 def normaliser(mode: str, tokens: int, seqs: int) -> float:
@@ -61,6 +63,18 @@ class Accum:
     skipped_seqs: int = 0
     echo_tokens: int = 0  # response tokens under EchoRL's NLL term (loss.echo)
 
+    def record(self, agent: str, part: int | None, tokens: int, seqs: int) -> None:
+        """Count micro-batch `part` as accumulated; twice is a `StepMismatchError` (its rows
+        would be counted double). `part` None: a step without exact accounting."""
+        if part is None:
+            return
+        if part in self.parts:
+            raise StepMismatchError(
+                f"{agent}: micro-batch {part} of step {self.step} is already accumulated; "
+                "accumulating it again would count its rows twice"
+            )
+        self.parts[part] = (tokens, seqs)
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["parts"] = [[j, t, s] for j, (t, s) in sorted(self.parts.items())]  # int keys
@@ -70,3 +84,37 @@ class Accum:
     def from_json(cls, data: dict[str, Any]) -> Accum:
         parts = {int(j): (int(t), int(s)) for j, t, s in data.get("parts", [])}
         return cls(**{**data, "parts": parts})
+
+
+def check_parts(agent: str, acc: Accum, expect: dict[int, tuple[int, int]]) -> None:
+    """Refuse a step whose accumulated micro-batches are not exactly `expect` (micro-batch →
+    (tokens, seqs)): a trainer rebuilt after a worker died must not step on a partial batch."""
+    if acc.parts == expect:
+        return
+    missing = sorted(set(expect) - set(acc.parts))
+    extra = sorted(set(acc.parts) - set(expect))
+    raise StepMismatchError(
+        f"{agent}: step {acc.step} holds micro-batches {sorted(acc.parts)} "
+        f"(missing {missing}, unexpected {extra}, counts "
+        f"{[(j, acc.parts.get(j), expect.get(j)) for j in sorted(expect)]}); "
+        "refusing to step on a batch that is not the step's"
+    )
+
+
+def finish_normalisation(
+    agent: str, acc: Accum, mode: str, params: Iterable[torch.nn.Parameter]
+) -> None:
+    """Divide a streamed step's summed gradients (and loss) by its batch's normaliser, now
+    that the batch is known; a step declared up front must hold exactly what it declared."""
+    if acc.global_tokens is None:
+        scale = normaliser(mode, acc.tokens, acc.seqs)
+        for p in params:
+            if p.grad is not None:
+                p.grad.div_(scale)
+        acc.loss /= scale
+    elif (acc.tokens, acc.seqs) != (acc.global_tokens, acc.global_seqs):
+        raise ValueError(
+            f"{agent}: micro-batches held {acc.tokens} tokens / {acc.seqs} seqs but "
+            f"begin_step declared {acc.global_tokens} / {acc.global_seqs}; the loss "
+            "normaliser would be wrong — pass the counts of the whole global batch"
+        )

@@ -34,3 +34,15 @@ def token_objective(
     if mb.echo_mask is not None and cfg.echo_coef:  # EchoRL: NLL on the clip tokens
         loss_tok = loss_tok - cfg.echo_coef * logp * mb.echo_mask
     return loss_tok, metrics
+
+
+def sample_diagnostics(logp: Tensor, mb: TrainMicroBatch) -> dict[str, float]:
+    """Sampled-token estimates, token-averaged over the responses: −log π(token) averages
+    to the policy's entropy on its own samples (no full-vocabulary pass), and |A| shows how
+    much signal the batch carries."""
+    mask = mb.response_mask.to(logp.dtype)
+    tokens = float(mask.sum().clamp(min=1))
+    return {
+        "entropy_mc": float((-logp.detach() * mask).sum()) / tokens,
+        "adv_abs_mean": float((mb.advantages.abs().unsqueeze(1) * mask).sum()) / tokens,
+    }

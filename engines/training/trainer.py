@@ -63,7 +63,13 @@ import torch
 from torch import Tensor, nn
 
 from engines.training import trainer_state
-from engines.training.accum import Accum, kept_rows, normaliser
+from engines.training.accum import (
+    Accum,
+    check_parts,
+    finish_normalisation,
+    kept_rows,
+    normaliser,
+)
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
 from engines.training.catalog import zero_at_zero_advantage
@@ -74,7 +80,7 @@ from engines.training.config import (
     TrainConfig,
     autocast,
 )
-from engines.training.objective import token_objective
+from engines.training.objective import sample_diagnostics, token_objective
 from engines.training.reference import reference_model
 from engines.training.weights import PolicyWeights, make_weights
 
@@ -185,22 +191,12 @@ class AgentTrainer:
         """Micro-batch → (tokens, seqs) accumulated into the pending step so far."""
         return {} if self._pending is None else dict(self._pending.parts)
 
-    def _record_part(self, acc: Accum, part: int | None, tokens: int, seqs: int) -> None:
-        if part is None:
-            return
-        if part in acc.parts:
-            raise StepMismatchError(
-                f"{self.agent}: micro-batch {part} of step {acc.step} is already accumulated; "
-                "accumulating it again would count its rows twice"
-            )
-        acc.parts[part] = (tokens, seqs)
-
     def accumulate_empty(self, part: int) -> None:
         """Record micro-batch `part` as accumulated with no rows (nothing to back-propagate)."""
         acc = self._pending
         if acc is None:
             raise RuntimeError(f"{self.agent}: accumulate_empty() before begin_step()")
-        self._record_part(acc, part, 0, 0)
+        acc.record(self.agent, part, 0, 0)
 
     def accumulate(self, mb: TrainMicroBatch, part: int | None = None) -> dict[str, float]:
         """Forward + backward of one micro-batch; gradients add onto the pending step.
@@ -210,7 +206,7 @@ class AgentTrainer:
         if acc is None:
             raise RuntimeError(f"{self.agent}: accumulate() before begin_step()")
         if part is not None and part in acc.parts:
-            self._record_part(acc, part, 0, 0)  # raises: already accumulated
+            acc.record(self.agent, part, 0, 0)  # raises: already accumulated
         mb = mb.to(self.device)
         cfg = self.config
         full = mb
@@ -221,7 +217,7 @@ class AgentTrainer:
             acc.skipped_seqs += full.num_seqs - mb.num_seqs
             if mb.num_seqs == 0:  # nothing left to back-propagate: counts only
                 acc.tokens += full.num_tokens
-                self._record_part(acc, part, full.num_tokens, full.num_seqs)
+                acc.record(self.agent, part, full.num_tokens, full.num_seqs)
                 acc.seqs += full.num_seqs
                 return {"loss": 0.0}
         ref = mb.ref_logprobs
@@ -255,15 +251,9 @@ class AgentTrainer:
         acc.loss += value
         acc.finite &= math.isfinite(value)
         acc.tokens += full.num_tokens
-        self._record_part(acc, part, full.num_tokens, full.num_seqs)  # after the backward
+        acc.record(self.agent, part, full.num_tokens, full.num_seqs)  # after the backward
         acc.seqs += full.num_seqs
-        out = {k: float(v) for k, v in metrics.items()}
-        # sampled-token estimates: −log π(token) averages to the policy's entropy on its own
-        # samples (no full-vocabulary pass); |A| shows how much signal the batch carries
-        mask = mb.response_mask.to(logp.dtype)
-        tokens = float(mask.sum().clamp(min=1))
-        out["entropy_mc"] = float((-logp.detach() * mask).sum()) / tokens
-        out["adv_abs_mean"] = float((mb.advantages.abs().unsqueeze(1) * mask).sum()) / tokens
+        out = {k: float(v) for k, v in metrics.items()} | sample_diagnostics(logp, mb)
         for k, v in out.items():  # token-weighted running mean of the diagnostics
             acc.metrics[k] = acc.metrics.get(k, 0.0) + v * mb.num_tokens
         out["loss"] = value
@@ -300,31 +290,13 @@ class AgentTrainer:
         `expect`: micro-batch → (tokens, seqs) the step must consist of, exactly; anything
         else raises `StepMismatchError` and leaves the pending accumulation untouched."""
         acc = self._pending
-        if expect is not None and acc is not None and acc.parts != expect:
-            missing = sorted(set(expect) - set(acc.parts))
-            extra = sorted(set(acc.parts) - set(expect))
-            raise StepMismatchError(
-                f"{self.agent}: step {acc.step} holds micro-batches {sorted(acc.parts)} "
-                f"(missing {missing}, unexpected {extra}, counts "
-                f"{[(j, acc.parts.get(j), expect.get(j)) for j in sorted(expect)]}); "
-                "refusing to step on a batch that is not the step's"
-            )
+        if expect is not None and acc is not None:
+            check_parts(self.agent, acc, expect)
         if acc is None:
             raise RuntimeError(f"{self.agent}: step() without begin_step() + accumulate()")
         if acc.seqs == 0:  # every micro-batch empty (a loop whose turns were all skipped)
             return self._empty_step(acc)
-        if acc.global_tokens is None:  # streaming: divide the summed gradients now
-            scale = normaliser(self.config.aggregation, acc.tokens, acc.seqs)
-            for p in self._names:
-                if p.grad is not None:
-                    p.grad.div_(scale)
-            acc.loss /= scale
-        elif (acc.tokens, acc.seqs) != (acc.global_tokens, acc.global_seqs):
-            raise ValueError(
-                f"{self.agent}: micro-batches held {acc.tokens} tokens / {acc.seqs} seqs but "
-                f"begin_step declared {acc.global_tokens} / {acc.global_seqs}; the loss "
-                "normaliser would be wrong — pass the counts of the whole global batch"
-            )
+        finish_normalisation(self.agent, acc, self.config.aggregation, self._names)
         self._pending = None
         params = list(self._names)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
@@ -364,7 +336,7 @@ class AgentTrainer:
             dict(acc.parts),
         )
 
-    def _empty_step(self, acc: Any) -> StepResult:
+    def _empty_step(self, acc: Accum) -> StepResult:
         """A step whose micro-batches held no row: nothing to learn, so no update (AdamW's
         moments and weight decay stay as they are) and the version stays; recorded as a
         skipped step, as a non-finite one is, and the run goes on."""

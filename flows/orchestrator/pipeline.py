@@ -315,7 +315,8 @@ class Pipeline:
         if ref.step in self.logs:
             self.logs[ref.step].add(ref)
         if kind == "generate" and host is not None:
-            self.place.generated(host, est, ref.agent, ref.timing)
+            tool = self.ctx.spec.nodes[ref.node].is_tool
+            self.place.generated(host, est, ref.agent, ref.timing, tool=tool)
         move = self.place.finished(kind, worker, getattr(ref, "agent", None), ref.timing)
         if move is not None:
             log.info("elastic allocation: %s trains on %s (was %s)", *astuple(move))

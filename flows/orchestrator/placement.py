@@ -121,12 +121,15 @@ class Placement:
     def expect_generates(self, step: int, n: int) -> None:
         self._generates_left[step] = self._generates_left.get(step, 0) + n
 
-    def generated(self, host: str, est_tokens: int, agent: str, timing: Timing) -> None:
-        """A generate finished: free its engine, feed the demand signal (when the task ran),
-        and let the balancer rebalance once every generate of the step is in."""
+    def generated(
+        self, host: str, est_tokens: int, agent: str, timing: Timing, *, tool: bool = False
+    ) -> None:
+        """A generate finished: free its engine, feed the demand signal (when the task ran;
+        a `tool` node's seconds are the environment's, not the agent's engine's), and let the
+        balancer rebalance once every generate of the step is in."""
         step = timing.step
         self.balancer.complete(host, est_tokens)
-        self.balancer.observe(self.unit[agent], timing.start, timing.end, step)
+        self.balancer.observe(self.unit[agent], timing.start, timing.end, step, demand=not tool)
         self._generates_left[step] -= 1
         if self._generates_left[step] == 0:
             self.balancer.end_step(step)

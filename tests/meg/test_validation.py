@@ -77,6 +77,14 @@ def test_placeholder_not_a_parent(base: dict[str, Any], tmp_path: Path) -> None:
     assert err.field == "nodes.y.template" and "{z}" in str(err) and "[x]" in str(err)
 
 
+def test_a_node_named_question_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
+    """`{question}` always renders the task, so a node of that name could never be read."""
+    base["nodes"]["question"] = base["nodes"].pop("x")
+    base["nodes"]["y"]["inputs"] = {"question": "per_sample"}
+    err = check(base, tmp_path)
+    assert err.field == "nodes.question" and "reserved placeholder" in str(err)
+
+
 def test_n_below_one(base: dict[str, Any], tmp_path: Path) -> None:
     base["nodes"]["x"]["n"] = 0
     err = check(base, tmp_path)

@@ -154,6 +154,22 @@ def test_steps_are_kept_apart() -> None:
         bal.observe("a", 5.0, 1.0)
 
 
+def test_a_tool_task_spans_the_step_but_adds_no_demand() -> None:
+    """A tool node's seconds are the environment's (the reward processes), so they widen
+    the step's span without asking its agent's engines for more hosts."""
+    bal = HierarchicalBalancer(["a", "b"], HOSTS[:4])
+    bal.observe("a", 0.0, 10.0, step=0)
+    bal.observe("a", 10.0, 500.0, step=0, demand=False)  # run_tests, 490 s
+    bal.observe("b", 0.0, 10.0, step=0)
+    bal.end_step(0)
+    assert bal.demand["a"] == bal.demand["b"] == Demand(10.0, 1)
+    assert bal.span == 500.0
+    # a step of only tool tasks leaves the estimate where it was
+    bal.observe("a", 0.0, 7.0, step=1, demand=False)
+    bal.end_step(1)
+    assert bal.demand["a"] == Demand(10.0, 1)
+
+
 def test_parents_must_come_first() -> None:
     with pytest.raises(ValueError, match="must come before"):
         HierarchicalBalancer(["a", "b"], HOSTS, parents={"a": ("b",)})
