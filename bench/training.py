@@ -31,12 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from rich.table import Table
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
+from bench.rss import RssSampler, maxrss_bytes, reset_peak_rss
 from engines.training.batch import (
     TrainMicroBatch,
     _token_logprobs_full,
@@ -192,59 +191,6 @@ def bench_copy_file(tensors: dict[str, torch.Tensor], folder: Path, reps: int) -
     return _median_s(copy, reps)
 
 
-def _maxrss_bytes() -> int:
-    """The process's RSS high-water mark: `VmHWM` where /proc has it (the counter that
-    clear_refs resets), else `ru_maxrss`. On Linux `ru_maxrss` also folds in the peak
-    recorded when a thread exits, which clear_refs does not reset: after torch's import it
-    can stay above any later peak (seen in CI: a delta of 0)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB on Linux
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the RSS high-water mark to the current RSS (Linux ≥ 4.0); False if unsupported."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-class _RssSampler:
-    """Highest resident set size seen by a 1 kHz sampling thread.
-
-    The fallback where the kernel's high-water mark cannot be reset (containers and
-    sandboxes refuse writes to /proc/self/clear_refs): without a reset, the high-water mark still
-    holds the import-time peak, and the measured delta is 0. The logits of one micro-batch
-    live through the whole backward pass, far longer than the sampling period.
-    """
-
-    def __init__(self) -> None:
-        self._proc = psutil.Process()
-        self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def __enter__(self) -> _RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
-
-
 def _memory_worker(variant: str, size: str, threads: int, sampled: bool = False) -> None:
     """Subprocess body: one forward + backward of one variant; prints one JSON line.
 
@@ -276,16 +222,16 @@ def _memory_worker(variant: str, size: str, threads: int, sampled: bool = False)
     warm[:, 8:] = 1.0
     (fn(model, ids[:1, :16], attn[:1, :16], warm, chunk_tokens=4) * warm).sum().backward()
     model.zero_grad(set_to_none=True)
-    reset = not sampled and _reset_peak_rss()
-    base, base_rss = _maxrss_bytes(), psutil.Process().memory_info().rss
-    with _RssSampler() as sampler:
+    reset = not sampled and reset_peak_rss()
+    base, base_rss = maxrss_bytes(), psutil.Process().memory_info().rss
+    with RssSampler() as sampler:
         t0 = time.perf_counter()
         logp = fn(model, ids, attn, resp, chunk_tokens=m.chunk)
         loss = (logp * resp).sum()
         loss.backward()
         wall = time.perf_counter() - t0
     # exact high-water mark where it could be reset, the sampled one otherwise
-    peak = _maxrss_bytes() - base if reset else sampler.peak - base_rss
+    peak = maxrss_bytes() - base if reset else sampler.peak - base_rss
     out = {"peak_bytes": peak, "wall_s": wall, "sum": float(loss), "reset": reset}
     print(json.dumps(out), flush=True)
 

@@ -8,12 +8,20 @@ name, e.g. a judge with inputs `{alice@2: first, bob@2: first}`.
 
 An exchange may follow upstream nodes (`inputs:`): round 1 shows them under their own rules,
 later rounds as `later_rule` says (see `ExchangeSpec`).
+
+`unroll_exchanges` and `unroll_loops` are the spec-level steps `meg.load.build_spec` runs
+(loops: `meg.loops`), each raising a `MEGError` that names the field.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE
-from meg.spec import ExchangeSpec, NodeSpec
+from meg.limits import MAX_NODES
+from meg.loops import LoopError, expand_bound, expand_rewards, fill_tool_agents, unroll_loop
+from meg.spec import ExchangeSpec, MEGSpec, NodeSpec
 
 
 def turn_name(agent: str, round_: int) -> str:
@@ -63,3 +71,99 @@ def unroll_exchange(ex: ExchangeSpec) -> dict[str, NodeSpec]:
                 chat=chat,
             )
     return nodes
+
+
+def unroll_loops(spec: MEGSpec, source: str) -> MEGSpec:
+    """Loops into nodes (`meg.loops`), rewards and team nodes of body names to every round,
+    and tool nodes' agents filled in."""
+    nodes = dict(spec.nodes)
+    for name, loop in spec.loops.items():
+        clash = sorted(set(loop.body) & set(nodes))
+        if clash:
+            raise MEGError(
+                f"body node(s) {', '.join(clash)} are also top-level nodes; rewards naming "
+                "them would be ambiguous: rename one",
+                source=source,
+                field=f"loops.{name}.body",
+            )
+        try:
+            unrolled = unroll_loop(name, loop)
+        except LoopError as e:
+            raise MEGError(str(e), source=source, field=e.field) from None
+        for n in unrolled:
+            if n in nodes:
+                raise MEGError(
+                    f"duplicate node name {n!r}: loop {name!r} unrolls into it and it is "
+                    "already defined",
+                    source=source,
+                    field=f"loops.{name}",
+                )
+        nodes.update(unrolled)
+    if len(nodes) > MAX_NODES:
+        raise MEGError(
+            f"the loops unroll into {len(nodes):,} nodes; the limit is {MAX_NODES:,}",
+            source=source,
+            field="loops",
+        )
+    team = spec.team_nodes
+    return spec.model_copy(
+        update={
+            "nodes": fill_tool_agents(nodes),
+            "loops": {},
+            "rewards": expand_rewards(spec.rewards, spec.loops),
+            "team_nodes": None if team is None else expand_bound(team, spec.loops),
+        }
+    )
+
+
+def unroll_exchanges(spec: MEGSpec, source: str) -> MEGSpec:
+    """Exchanges into nodes (`unroll_exchange`), each checked against the graph around it."""
+    if not spec.exchanges:
+        return spec
+    nodes = dict(spec.nodes)
+    unrolled = len(nodes) + sum(len(ex.agents) * ex.rounds for ex in spec.exchanges.values())
+    if unrolled > MAX_NODES:
+        raise MEGError(
+            f"the exchanges unroll into {unrolled:,} nodes (agents × rounds each, plus the "
+            f"other nodes); the limit is {MAX_NODES:,}",
+            source=source,
+            field="exchanges",
+        )
+    for ex_name, ex in spec.exchanges.items():
+        for agent in ex.agents:
+            if agent not in spec.agents:
+                raise MEGError(
+                    f"unknown agent {agent!r}; known agents: {', '.join(spec.agents)}",
+                    source=source,
+                    field=f"exchanges.{ex_name}.agents",
+                )
+        if ex.chat is not None and ex.chat.user is not None:
+            raise MEGError(
+                "an exchange's user messages are its first_template and reply_template; "
+                "give `chat` only a `system` message",
+                source=source,
+                field=f"exchanges.{ex_name}.chat.user",
+            )
+        for name, node in unroll_exchange(ex).items():
+            if name in nodes:
+                raise MEGError(
+                    f"duplicate node name {name!r}: exchange {ex_name!r} unrolls into it and it "
+                    "is already defined",
+                    source=source,
+                    field=f"exchanges.{ex_name}",
+                )
+            nodes[name] = node
+    for ex_name, ex in spec.exchanges.items():
+        for up in ex.inputs:
+            if up not in nodes or up in _turns(ex):
+                raise MEGError(
+                    f"unknown input node {up!r} (an exchange follows nodes outside itself); "
+                    f"known nodes: {', '.join(n for n in nodes if n not in _turns(ex))}",
+                    source=source,
+                    field=f"exchanges.{ex_name}.inputs",
+                )
+    return spec.model_copy(update={"nodes": nodes, "exchanges": {}})
+
+
+def _turns(ex: Any) -> set[str]:
+    return {f"{a}@{r}" for a in ex.agents for r in range(1, ex.rounds + 1)}
