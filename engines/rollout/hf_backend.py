@@ -207,7 +207,10 @@ class HFBackend:
         ids, mask = left_pad(rows, self._pad)  # (R, L)
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, L)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        # the prompt's last position only: (R, L, V) logits at a 151,936 vocabulary are GBs
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
         past, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
         next_pos = pos[:, -1:] + 1  # (R, 1)
 

@@ -169,7 +169,9 @@ def speculative_sample(
     gen = torch.Generator(device=dev).manual_seed(params.seed) if params.seed is not None else None
     n = len(budgets)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    out = model(  # the prompt's last position only (hf_backend: the logits are the memory)
+        input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+    )
     past = out.past_key_values
     logits = out.logits[:, -1:].float()  # (R, 1, V)
     logp = torch.log_softmax(processed(logits, params.temperature, params.top_p), -1)

@@ -263,3 +263,35 @@ def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
     assert sparse == per_token
     reasons = {c.finish_reason for group in per_token for c in group}
     assert reasons == {"stop", "length"}, reasons  # both ways of finishing are exercised
+
+
+def test_hf_prefill_computes_the_last_positions_logits_only(tiny_model_dir: Path) -> None:
+    """The prompt's pass asks for one position's logits (`logits_to_keep=1`): the whole
+    (rows, prompt length, vocabulary) tensor would be gigabytes at a 151,936 vocabulary,
+    and only the last position is sampled from. The samples are what the full pass gives."""
+    backend = make_backend("hf", tiny_model_dir)
+    shapes: list[tuple[int, ...]] = []
+    hook = backend.model.register_forward_hook(
+        lambda _m, _a, out: shapes.append(tuple(out.logits.shape))
+    )
+    prompts = [[1, 40, 41, 42, 43, 44, 45, 46], [1, 51]]
+    params = SamplingParams(n=2, max_tokens=4, seed=3)
+    try:
+        got = backend.generate(prompts, params)
+    finally:
+        hook.remove()
+    vocab = shapes[0][-1]
+    assert shapes[0] == (4, 1, vocab)  # 2 prompts × n = 2 rows, prompt length 8 (padded)
+    assert all(s == (4, 1, vocab) for s in shapes[1:])
+    # the same samples as sampling from the full pass's last position
+    model, calls = backend.model, backend.model.forward
+
+    def full_logits(*a: object, **kw: object) -> object:
+        kw.pop("logits_to_keep", None)
+        return calls(*a, **kw)
+
+    model.forward = full_logits  # type: ignore[method-assign]
+    try:
+        assert backend.generate(prompts, params) == got
+    finally:
+        del model.forward
