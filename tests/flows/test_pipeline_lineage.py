@@ -45,6 +45,7 @@ class Steps:
             SimpleNamespace(
                 step=h.step,
                 agent=h.kwargs.get("agent", "planner"),
+                node=h.kwargs.get("node"),  # a generate's node (the pipeline asks if a tool's)
                 decode_tokens=0,
                 score=None,  # a generate's fused score (one-node MEGs only)
                 timing=SimpleNamespace(start=0.0, end=0.0, seconds=0.0, step=h.step),
