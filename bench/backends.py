@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import platform
 import statistics
@@ -51,18 +52,9 @@ SAMPLES = 4
 
 def parameters(model_dir: Path) -> int:
     """Parameter count from the safetensors headers (no weights loaded)."""
-    from safetensors import safe_open
+    from engines.families import checkpoint_shapes
 
-    total = 0
-    for f in model_dir.glob("*.safetensors"):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shape = st.get_slice(name).get_shape()
-                count = 1
-                for d in shape:
-                    count *= d
-                total += count
-    return total
+    return sum(math.prod(shape) for shape in checkpoint_shapes(model_dir).values())
 
 
 def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tokens: int,

@@ -15,8 +15,6 @@ later rounds as `later_rule` says (see `ExchangeSpec`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from meg.errors import MEGError
 from meg.fanout import PER_SAMPLE
 from meg.limits import MAX_NODES
@@ -165,5 +163,5 @@ def unroll_exchanges(spec: MEGSpec, source: str) -> MEGSpec:
     return spec.model_copy(update={"nodes": nodes, "exchanges": {}})
 
 
-def _turns(ex: Any) -> set[str]:
+def _turns(ex: ExchangeSpec) -> set[str]:
     return {f"{a}@{r}" for a in ex.agents for r in range(1, ex.rounds + 1)}
