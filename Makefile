@@ -77,7 +77,7 @@ bench: setup models
 	$(BIN)/python -m bench.gpu --device cpu --json bench/results/gpu_cpu.json  # --device cuda on a GPU
 	$(BIN)/python -m bench.multihost --json bench/results/multihost.json  # needs root
 	$(BIN)/python -m bench.elastic --repeats 3 --json bench/results/elastic.json
-	$(BIN)/python -m bench.tracking --steps 10 --repeats 3 --json bench/results/tracking.json
+	$(BIN)/python -m bench.tracking --steps 10 --repeats 5 --json bench/results/tracking.json
 	$(BIN)/python -m bench.reuse --runs 20 --json bench/results/reuse.json
 	$(BIN)/python -m bench.reuse --runs 12 --workload math-chain,fanout --json bench/results/reuse_alternating.json
 	$(BIN)/python -m bench.agentic --json bench/results/agentic.json

@@ -21,7 +21,7 @@ import yaml
 from bench.common import cpu_model, train_run, write_results
 from workloads import BUILTIN
 
-ARMS = {"off": [], "on": ["tensorboard", "wandb"]}
+ARMS = {"off": [], "on": ["tensorboard", "wandb", "mlflow"]}
 
 
 def config(out: Path, model: str, steps: int, tracking: list[str]) -> Path:

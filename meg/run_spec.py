@@ -83,10 +83,10 @@ class RunSpec(_Frozen):
     balance: bool = Field(
         True, description="Hierarchical rollout load balancing (else a static equal split)."
     )
-    tracking: tuple[Literal["tensorboard", "wandb"], ...] = Field(
+    tracking: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = Field(
         (),
         description="Experiment trackers the driver logs per-step metrics, the config and the "
-        "final models to: `tensorboard`, `wandb` (offline), several at once "
+        "final models to: `tensorboard`, `wandb` (offline), `mlflow`, several at once "
         "(docs/tracking.md). Needs the `tracking` extra.",
     )
     elastic: bool = Field(

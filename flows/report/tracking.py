@@ -1,123 +1,28 @@
 """Experiment tracking: a run's per-step metrics, its config and its final models in the
-trackers researchers already use (`run.tracking: [tensorboard, wandb]`).
+trackers researchers already use (`run.tracking: [tensorboard, wandb, mlflow]`; the
+trackers themselves are in `flows.report.trackers`).
 
 The driver logs, never a worker: every metric is computed from the task results the
 pipeline already collects (`step_metrics`, a pure function of one step's results), so
 tracking costs no task time and no extra traffic. A step is logged once all of its
 optimizer steps are in (its rollouts and scores are in by then: they come first).
-
-- `tensorboard`: event files under `<run_dir>/tensorboard/` (`tensorboard --logdir RUN`),
-  scalars named `agent/metric`, the resolved MEG and settings as text.
-- `wandb`: an offline run under `<run_dir>/wandb/` (`wandb sync` uploads it later; nothing
-  leaves the machine during the run), the settings as its config, final models as
-  artifacts of type `model`.
-
-Both packages are optional (`pip install -e ".[tracking]"`); naming a tracker whose package
-is missing stops the run before anything starts, with the install command.
-MLflow is not offered yet: its package does not install from this project's package index.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from flows.orchestrator.futures import StepEnds
-from flows.runs.record import RunError
+from flows.report.trackers import TRACKERS, Tracker
 from tasks.context import Timing
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef
 
 ROLLOUT_PHASES, TRAIN_PHASES = ("generate", "score"), ("train_micro_batch", "optimizer_step")
 STEP_METRICS = ("loss", "grad_norm", "ratio_mean", "clip_frac", "kl", "entropy_mc", "adv_abs_mean")
-
-
-class Tracker(Protocol):
-    def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
-    def log_model(self, agent: str, path: Path) -> None: ...
-    def close(self) -> None: ...
-
-
-class TrackingError(RunError):
-    """A tracker cannot start (its package is missing): the run stops before its cluster
-    starts, reported as a user error."""
-
-
-def _require(module: str, tracker: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise TrackingError(
-            f"run.tracking names {tracker!r}, but {module!r} is not installed: "
-            f'pip install -e ".[tracking]" (or drop {tracker!r} from run.tracking)'
-        ) from None
-
-
-def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"run": {"mode": "flex"}} → {"run.mode": "flex"}; lists as JSON text."""
-    out: dict[str, Any] = {}
-    for k, v in params.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{key}."))
-        else:
-            out[key] = json.dumps(v) if isinstance(v, list | tuple) else v
-    return out
-
-
-class TensorBoardTracker:
-    def __init__(self, run_dir: Path, run_id: str, name: str) -> None:
-        tb = _require("torch.utils.tensorboard", "tensorboard")
-        self.writer = tb.SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-
-    def log_params(self, params: dict[str, Any]) -> None:
-        self.writer.add_text("config", f"```\n{json.dumps(params, indent=2)}\n```", 0)
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
-        self.writer.flush()
-
-    def log_model(self, agent: str, path: Path) -> None:
-        self.writer.add_text(f"final/{agent}", str(path), 0)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbTracker:
-    def __init__(self, run_dir: Path, run_id: str, name: str) -> None:
-        self.wandb = _require("wandb", "wandb")
-        self.run = self.wandb.init(
-            mode="offline",
-            dir=str(run_dir),
-            project=name,
-            id=run_id.replace("/", "-"),
-            resume="allow",  # a resumed run goes on in the same wandb run
-            settings=self.wandb.Settings(silent=True, console="off", x_disable_stats=True),
-        )
-
-    def log_params(self, params: dict[str, Any]) -> None:
-        self.run.config.update(flatten(params), allow_val_change=True)
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_model(self, agent: str, path: Path) -> None:
-        art = self.wandb.Artifact(f"{agent}-final", type="model")
-        art.add_dir(str(path))
-        self.run.log_artifact(art)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-TRACKERS: dict[str, type] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker}
 
 
 def _idle(ts: list[Timing], phases: tuple[str, ...], interval: float, workers: int) -> float:
@@ -216,6 +121,7 @@ def tracking(
     on failure); the pipeline finds them by run id (`active`). Set `roles` once the cluster
     is known."""
     opened: list[Tracker] = []
+    ok = False
     try:
         for n in names:
             opened.append(TRACKERS[n](run_dir, run_id, name))
@@ -225,10 +131,11 @@ def tracking(
         if params is not None:
             t.log_params(params)
         yield t
+        ok = True
     finally:
         _ACTIVE.pop(run_id, None)
         for tr in opened:
-            tr.close()
+            tr.close(ok)  # a run that raised is marked failed where the tracker can say so
 
 
 def active(run_id: str) -> Tracking | None:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from flows.report import tracking
-from flows.report.tracking import Tracking, TrackingError, flatten, step_metrics
+from flows.report import trackers, tracking
+from flows.report.trackers import TrackingError, flatten
+from flows.report.tracking import Tracking, step_metrics
 from storage.table import SegmentRef
 from tasks.context import Timing
 from tasks.refs import GenRef, RewardSum, ScoreRef, StepRef
@@ -94,7 +95,7 @@ def test_a_missing_tracker_package_stops_with_the_install_command(
     def missing(name: str) -> Any:
         raise ImportError(name)
 
-    monkeypatch.setattr(tracking.importlib, "import_module", missing)
+    monkeypatch.setattr(trackers.importlib, "import_module", missing)
     opened = tracking.tracking(("wandb",), tmp_path, "run-1", "demo", 2)
     with pytest.raises(TrackingError, match=r'pip install -e "\.\[tracking\]"'), opened:
         pass
