@@ -25,14 +25,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("meg", "storage", "engines", "tasks", "flows", "workloads", "bench", "tests")
 # tools a user gets only from the project's virtualenv (or a global install of their own);
-# library names that are also values (`vllm` is a backend, `tensorboard` a tracker) are left out
+# library names that are also values (`vllm` is a backend) are left out
 TOOLS = frozenset(
     {
         "python", "python3", "python3.11", "pip", "pip3", "flexmarl", "prefect", "dask",
         "dask-scheduler", "dask-worker", "mkdocs", "moto_server", "pytest", "ruff", "mypy",
-        "mlflow", "uvicorn", "huggingface-cli",
+        "uvicorn", "huggingface-cli",
     }
 )  # fmt: skip
+# tools whose names are also tracker names (`run.tracking: [tensorboard, wandb, mlflow]`): a
+# literal that starts with one is an argv only when a subcommand of the tool follows it
+SUBCOMMANDS = {
+    "mlflow": frozenset({"server", "ui", "run", "gc", "db", "artifacts"}),
+    "tensorboard": frozenset({"--logdir", "--logdir_spec", "dev"}),
+    "wandb": frozenset({"sync", "login", "offline", "online", "server", "artifact"}),
+}
 # the PATH `make test` gives the suite: the system's directories only
 FRESH_PATH = "/usr/bin:/bin"
 
@@ -43,8 +50,13 @@ def bare_commands(source: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
-            first = node.elts[0]
-            if isinstance(first, ast.Constant) and first.value in TOOLS:
+            first, second = node.elts[0], node.elts[1] if len(node.elts) > 1 else None
+            if not isinstance(first, ast.Constant):
+                continue
+            if first.value in TOOLS or (
+                isinstance(second, ast.Constant)
+                and second.value in SUBCOMMANDS.get(str(first.value), ())
+            ):
                 found.append((node.lineno, str(first.value)))
     return found
 
@@ -60,7 +72,7 @@ def bare_recipe_calls(makefile: str) -> list[tuple[int, str]]:
                 words.pop(0)
             if words and words[0] in {"env", "exec"}:
                 words = [w for w in words[1:] if "=" not in w and not w.startswith("-")]
-            if words and words[0] in TOOLS:
+            if words and (words[0] in TOOLS or words[0] in SUBCOMMANDS):
                 found.append((n, words[0]))
     return found
 
@@ -70,13 +82,20 @@ def python_files() -> list[Path]:
 
 
 def test_the_checks_catch_a_bare_tool_and_pass_the_interpreter() -> None:
-    bad = 'subprocess.run(["prefect", "server", "start"])\nhost.start(("dask", "scheduler"))\n'
-    good = 'subprocess.run([sys.executable, "-m", "prefect", "server", "start"])\nx = ["a"]\n'
-    assert bare_commands(bad) == [(1, "prefect"), (2, "dask")]
+    bad = (
+        'subprocess.run(["prefect", "server", "start"])\nhost.start(("dask", "scheduler"))\n'
+        'Popen(["mlflow", "server", "--port", "5000"])\n'
+    )
+    good = (
+        'subprocess.run([sys.executable, "-m", "prefect", "server", "start"])\nx = ["a"]\n'
+        'tracking(("mlflow",), run_dir)\nrun = {"tracking": ["tensorboard", "wandb", "mlflow"]}\n'
+    )
+    assert bare_commands(bad) == [(1, "prefect"), (2, "dask"), (3, "mlflow")]
     assert bare_commands(good) == []
-    assert bare_recipe_calls("test:\n\tmkdocs build\n\t@cd x && flexmarl train\n") == [
+    assert bare_recipe_calls("test:\n\tmkdocs build\n\t@cd x && flexmarl train\n\tmlflow ui\n") == [
         (2, "mkdocs"),
         (3, "flexmarl"),
+        (4, "mlflow"),
     ]
     assert bare_recipe_calls("\tNO_X=1 env PATH=/bin pytest -q\n") == [(1, "pytest")]
     assert bare_recipe_calls("\t$(BIN)/python -m mkdocs build\n\tpython3.11 -m venv x\n") == [

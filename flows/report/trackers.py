@@ -121,6 +121,22 @@ METRICS_EVERY_S = 2.0  # metrics are sent at most this often (`Sender`)
 METRICS_PER_CALL = 1000  # MLflow's limit on metrics in one log_batch
 
 
+SQLALCHEMY_NOISE = (
+    # MLflow 3.17's SQLAlchemy store asks for a loader that SQLAlchemy 2.1 deprecated
+    "The ``noload`` loader strategy is deprecated",
+    # configuring MLflow's mappers configures every mapper in the process, Prefect's server
+    # models too where they are imported (its UUID column type predates SQLAlchemy 2.1)
+    "Type object .* does not refer to an OperatorClass",
+)
+
+
+def quiet_sqlalchemy() -> None:
+    """Silence SQLAlchemy's deprecation notices about MLflow's and Prefect's models in this
+    process: nothing a user of either can act on, repeated on every query."""
+    for message in SQLALCHEMY_NOISE:
+        warnings.filterwarnings("ignore", message)
+
+
 class MLflowTracker:
     """MLflow through its client (`MlflowClient`), not the fluent API: the fluent API keeps
     one active run per process, and the driver may run several flows at once.
@@ -135,9 +151,7 @@ class MLflowTracker:
 
         uri, artifacts = os.environ.get("MLFLOW_TRACKING_URI"), None
         if not uri:  # like wandb offline: the run's own store, `mlflow ui` opens it later
-            # MLflow 3.17's SQLAlchemy store asks for the loader SQLAlchemy 2.1 deprecated:
-            # the driver's log needs no word about it on every query
-            warnings.filterwarnings("ignore", "The ``noload`` loader strategy is deprecated")
+            quiet_sqlalchemy()
             local = (run_dir / "mlflow").resolve()
             local.mkdir(parents=True, exist_ok=True)
             uri, artifacts = f"sqlite:///{local / 'mlflow.db'}", (local / "artifacts").as_uri()

@@ -24,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from flows.cluster.start import ClusterConfig
 from flows.report import tracking
+from flows.report.trackers import SQLALCHEMY_NOISE
 from flows.train import TrainParams, train
 from tests.flows.conftest import write_config
 from tests.flows.report.test_tracking import REFS
@@ -31,9 +32,9 @@ from tests.flows.test_ui import free_port, render
 
 pytestmark = [
     pytest.mark.slow,
-    # the tests read the server's SQLite store with MLflow's own client, which asks
-    # SQLAlchemy 2.1 for a deprecated loader (the tracker silences it where it opens one)
-    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated"),
+    # the tests read the server's SQLite store with MLflow's own client: what the tracker
+    # silences where it opens one (SQLALCHEMY_NOISE)
+    *(pytest.mark.filterwarnings(f"ignore:{message}") for message in SQLALCHEMY_NOISE),
 ]
 
 

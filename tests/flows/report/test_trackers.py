@@ -13,10 +13,12 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.report import tracking
-from flows.report.trackers import Sender, TrackingError
+from flows.report.trackers import SQLALCHEMY_NOISE, Sender, TrackingError
 from tests.flows.report.test_tracking import REFS
 
-pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated")
+pytestmark = [  # what the tracker silences in a run (SQLALCHEMY_NOISE), read back here too
+    pytest.mark.filterwarnings(f"ignore:{message}") for message in SQLALCHEMY_NOISE
+]
 PARAMS = {"meg": {"run": {"mode": "flex", "steps": 3}}, "cluster": {"train_workers": 1}}
 
 
