@@ -95,9 +95,10 @@ class MLflowServer:
             self.proc.wait(timeout=60)
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[MLflowServer]:
-    server = MLflowServer(tmp_path / "mlflow-server")
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    """One server for the module (~7 s to start); the last test stops it."""
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
         yield server
     finally:
