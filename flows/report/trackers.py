@@ -168,6 +168,16 @@ class MLflowTracker:
                 f"not answer (MLFLOW_TRACKING_URI): {str(e).splitlines()[0][:300]}"
             ) from None
         self.sender = Sender("mlflow", self._log_metrics, METRICS_EVERY_S)
+        print(f"mlflow: {self.where()}")
+
+    def where(self) -> str:
+        """Where to look at the run: its page on a server, or the command that opens the
+        run's own store."""
+        if self.uri.startswith(("http://", "https://")):
+            page = f"{self.uri.rstrip('/')}/#/experiments/{self.experiment}/runs/{self.run_id}"
+            return f"run {self.run_name!r} at {page}"
+        ui = f"python -m mlflow ui --backend-store-uri {self.uri}"
+        return f"run {self.run_name!r} in {self.uri} (to look at it: {ui})"
 
     def _start(self, run_dir: Path, run_id: str, experiment: str, artifacts: str | None) -> None:
         """Continue the MLflow run this run dir logged to on this server (`mlflow_runs.json`:
@@ -175,13 +185,16 @@ class MLflowTracker:
         known = json.loads(self.ids.read_text()) if self.ids.exists() else {}
         run = self._existing(known.get(self.uri))
         if run is not None:
-            self.run_id, self.params = run.info.run_id, dict(run.data.params)
-            self.client.update_run(self.run_id, status="RUNNING")
+            self.params = dict(run.data.params)
+            self.client.update_run(run.info.run_id, status="RUNNING")
+        else:
+            tags = {RUN_TAG: run_id, "flexmarl.run_dir": str(run_dir.resolve())}
+            eid = self._experiment(experiment, artifacts)
+            run = self.client.create_run(eid, run_name=run_dir.name, tags=tags)
+        self.run_id, self.run_name = run.info.run_id, run.info.run_name
+        self.experiment = run.info.experiment_id
+        if known.get(self.uri) == self.run_id:
             return
-        tags = {RUN_TAG: run_id, "flexmarl.run_dir": str(run_dir.resolve())}
-        eid = self._experiment(experiment, artifacts)
-        run = self.client.create_run(eid, run_name=run_dir.name, tags=tags)
-        self.run_id, self.params = run.info.run_id, {}
         self.ids.parent.mkdir(parents=True, exist_ok=True)
         self.ids.write_text(json.dumps({**known, self.uri: self.run_id}, indent=1))
 

@@ -201,7 +201,10 @@ def test_a_tracking_server_that_goes_away_costs_metrics_not_the_run(
         mlflow_server.stop()
         for ref in later:  # step 4: nobody answers
             t("event", ref)
-    assert "mlflow: not logged (the metrics of step 4:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mlflow: not logged (the metrics of step 4:" in out
     [run] = direct.search_runs([demo(direct)])
+    page = f"{mlflow_server.url}/#/experiments/{demo(direct)}/runs/{run.info.run_id}"
+    assert f"mlflow: run 'run' at {page}" in out  # where to look, said when it opened
     assert [p.step for p in direct.get_metric_history(run.info.run_id, "solver/reward")] == [3]
     assert run.info.status == "RUNNING"  # its end could not be told either

@@ -48,8 +48,13 @@ def log_run(run_dir: Path, params: dict[str, Any], fail: bool = False) -> None:
             raise RuntimeError("the run broke")
 
 
-def test_mlflow_logs_to_the_run_dirs_own_store(tmp_path: Path) -> None:
+def test_mlflow_logs_to_the_run_dirs_own_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log_run(tmp_path / "run", PARAMS)
+    store = f"sqlite:///{tmp_path.resolve() / 'run' / 'mlflow' / 'mlflow.db'}"
+    opened = f"mlflow: run 'run' in {store} (to look at it: python -m mlflow ui --backend-store-uri {store})"
+    assert opened in capsys.readouterr().out
     client = local(tmp_path / "run")
     run = only_run(client, "demo")  # the experiment is the MEG's name
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
