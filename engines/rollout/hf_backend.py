@@ -72,6 +72,31 @@ def sample_tokens(
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)  # (R,)
 
 
+def draw_rows(probs: Tensor, rows: Tensor | None, n: int, gen: torch.Generator | None) -> Tensor:
+    """One sample per row of the whole batch, from `probs` (A, V) of the rows still in it
+    (`rows`: their indices among the n; None: all n are) → (n, 1) ids, 0 for the rest.
+
+    Every one of the n rows draws, the rows that left with a certain token: multinomial takes
+    one uniform per row whatever its values, so the seeded stream — and with it every live
+    row's sample — is the one a batch that keeps all its rows would draw."""
+    if rows is None:
+        return torch.multinomial(probs, 1, generator=gen)  # (n, 1)
+    full = probs.new_zeros((n, probs.shape[-1]))  # (n, V)
+    full[:, 0] = 1.0
+    full[rows] = probs
+    return torch.multinomial(full, 1, generator=gen)  # (n, 1)
+
+
+def leave(done: Tensor, rows: Tensor | None, n: int) -> tuple[Tensor | None, Tensor | None]:
+    """The rows that stay once the `done` ones leave: (their indices among the n, or None
+    while all n stay; the positions to keep in the current batch, or None when none leaves)."""
+    current = rows if rows is not None else torch.arange(n, device=done.device)  # (A,)
+    keep = (~done[current]).nonzero().flatten()  # (A',)
+    if len(keep) == len(current):
+        return rows, None
+    return current[keep], keep
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """rows → input_ids (R, L) left-padded with pad_id, attention_mask (R, L) of 0/1."""
     width = max(len(r) for r in rows)
@@ -125,7 +150,9 @@ class HFBackend:
         self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
         self.drafts = DraftHistory()  # earlier completions per prompt (speculative rollout)
         self.passes = 0  # forward passes of the last speculative call
-        self.compact = True  # speculative decoding drops finished rows (bench.srt turns it off)
+        # finished rows leave the batch, in the plain loop and in speculative decoding
+        # (bench.srt turns it off to measure what it saves)
+        self.compact = True
 
     def max_context(self) -> int:
         return self._context
@@ -229,12 +256,15 @@ class HFBackend:
         # that are never kept)
         every = 1 if tracker is not None or watch is not None else self.sync_every
         stopped_by = torch.zeros(n, dtype=torch.bool, device=dev)  # (R,) a watch stopped it
+        in_batch: Tensor | None = None  # (A,) the rows still in the batch; None: all R
         for t in range(width):
-            processed = processed_logits(logits, params.temperature, params.top_p)  # (R, V)
-            logp = torch.log_softmax(processed, dim=-1)  # (R, V) the sampling distribution
-            tok = torch.multinomial(logp.exp(), 1, generator=gen)  # (R, 1)
+            processed = processed_logits(logits, params.temperature, params.top_p)  # (A, V)
+            logp = torch.log_softmax(processed, dim=-1)  # (A, V) the sampling distribution
+            tok = draw_rows(logp.exp(), in_batch, n, gen)  # (R, 1)
+            step = tok if in_batch is None else tok[in_batch]  # (A, 1) the batch's next input
+            lp = logp.gather(-1, step)[:, 0]  # (A,)
             tok_cols.append(tok[:, 0])
-            lp_cols.append(logp.gather(-1, tok)[:, 0])
+            lp_cols.append(lp if in_batch is None else lp.new_zeros(n).index_copy_(0, in_batch, lp))
             live = ~done  # (R,)
             length += live
             ends = live & (tok == stop_ids).any(-1)  # (R,)
@@ -248,13 +278,17 @@ class HFBackend:
                 halt = self._watch_step(watch, t, tok_cols, done, before, length)
                 stopped_by[halt] = True
                 done[halt] = True
-            if (t + 1) % every == 0 and (
-                bool(done.all()) or (tracker is not None and tracker.reached())
-            ):
-                break
-            mask = torch.cat([mask, mask.new_ones((n, 1))], dim=-1)  # (R, L+t+1)
+            if (t + 1) % every == 0:
+                if bool(done.all()) or (tracker is not None and tracker.reached()):
+                    break
+                if self.compact:  # finished rows leave the batch, their cache rows too
+                    in_batch, keep = leave(done, in_batch, n)
+                    if keep is not None:
+                        past.batch_select_indices(keep)
+                        mask, next_pos, step = mask[keep], next_pos[keep], step[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)  # (A, L+t+1)
             out = self.model(
-                input_ids=tok,
+                input_ids=step,
                 attention_mask=mask,
                 position_ids=next_pos,
                 past_key_values=past,

@@ -251,8 +251,10 @@ def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
 ) -> None:
     """The hf loop looks at "every row done" once per `sync_every` tokens on a GPU (a host
     sync per token stalled decoding there): rows that finished meanwhile decode tokens that
-    are never kept, so tokens, logprobs and finish reasons equal those of a look per token,
-    ragged prompts, stop tokens and short budgets included."""
+    are never kept and leave the batch at the next look, so tokens and finish reasons equal
+    those of a look per token, ragged prompts, stop tokens and short budgets included. The
+    logprobs equal them to float32 rounding: a row's logits can differ in the last bit when
+    the rows beside it in the batch differ."""
     backend = make_backend("hf", tiny_model_dir)
     prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
     params = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4, stop_token_ids=(20, 21))
@@ -260,9 +262,46 @@ def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
     per_token = backend.generate(prompts, params)
     backend.sync_every = every
     sparse = backend.generate(prompts, params)
-    assert sparse == per_token
+    assert same_samples(sparse, per_token)
     reasons = {c.finish_reason for group in per_token for c in group}
     assert reasons == {"stop", "length"}, reasons  # both ways of finishing are exercised
+
+
+def same_samples(a: list[list[Completion]], b: list[list[Completion]]) -> bool:
+    """The same tokens and finish reasons, and logprobs within float32 rounding."""
+    pairs = [(x, y) for ga, gb in zip(a, b, strict=True) for x, y in zip(ga, gb, strict=True)]
+    return all(
+        x.response_ids == y.response_ids
+        and x.finish_reason == y.finish_reason
+        and x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+        for x, y in pairs
+    )
+
+
+def test_hf_finished_rows_leave_the_batch_and_change_no_sample(tiny_model_dir: Path) -> None:
+    """A row that finished stops costing a forward pass (its cache row leaves with it): the
+    batch shrinks as rows stop, and every row samples what it would have with all rows kept
+    (the rows that left still draw from the seeded stream)."""
+    backend = make_backend("hf", tiny_model_dir)
+    prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
+    params = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4, stop_token_ids=(20, 21))
+    sizes: list[int] = []
+    hook = backend.model.register_forward_hook(
+        lambda _m, _a, out: sizes.append(int(out.logits.shape[0]))
+    )
+    try:
+        compact = backend.generate(prompts, params)
+        shrunk, sizes[:] = list(sizes), []
+        backend.compact = False
+        kept = backend.generate(prompts, params)
+    finally:
+        hook.remove()
+    assert same_samples(compact, kept)
+    assert set(sizes) == {12}  # without compaction all 4 × 3 rows decode to the end
+    lengths = sorted(len(c.response_ids) for g in compact for c in g)
+    assert lengths[0] < 12  # some rows stopped early...
+    assert shrunk[0] == 12 and shrunk[-1] < 12  # ...and left the batch
+    assert shrunk == sorted(shrunk, reverse=True)
 
 
 def test_hf_prefill_computes_the_last_positions_logits_only(tiny_model_dir: Path) -> None:

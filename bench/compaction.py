@@ -1,0 +1,147 @@
+"""What finished rows leaving the batch saves the `hf` backend's sampling loop.
+
+    python -m bench.compaction [--small] [--json PATH] [--repeats R]
+
+One `hf` engine on one torch thread (a rollout worker of the default layouts), the same
+prompts and seeded `SamplingParams` (16 prompts × n = 4, temperature 1, up to 128 tokens),
+generated with `compact` on (a row that finished leaves the batch, its cache row too) and
+off (every row decodes to the longest), calls alternating after one untimed warm-up each.
+`generate_s` is the median of `--repeats` calls; `compaction_time_ratio` is on / off (< 1:
+compaction saves time).
+
+Two length profiles on random models of growing size (`bench.backends.SIZES`):
+
+- `longtail`: a set of stop tokens of ~1/64 of the vocabulary, so each token ends its row
+  with p ≈ 1/64: lengths spread from a few tokens to the budget, as RL responses do;
+- `full`: no stop token, every row runs (nearly) to the budget: what compaction costs when
+  it has nothing to drop.
+
+Both arms sample the same tokens (tests/engines/rollout/test_backends.py), so the tokens
+decoded are the same and only the seconds differ. `--small` (the test suite): the toy
+model, 32 tokens, 2 repeats; keys, not timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.backends import SIZES
+from bench.common import cpu_model, write_results
+
+DEFAULT_JSON = Path(__file__).parent / "results" / "compaction.json"
+PROMPTS, SAMPLES, PROMPT_LEN = 16, 4, 24
+
+
+def stop_tokens(profile: str, vocab: int) -> tuple[int, ...]:
+    """`longtail`: vocab / 64 ids (from 100 on, clear of the specials); `full`: none."""
+    return tuple(range(100, 100 + max(1, vocab // 64))) if profile == "longtail" else ()
+
+
+def time_arms(engine: Any, profile: str, max_tokens: int, repeats: int) -> dict[str, Any]:
+    """Median generate seconds with compaction on and off, calls alternating."""
+    from engines.rollout.base import SamplingParams
+
+    vocab = engine._vocab
+    prompts = [[(7 * i + j) % (vocab - 10) + 5 for j in range(PROMPT_LEN)] for i in range(PROMPTS)]
+    params = SamplingParams(
+        n=SAMPLES,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=1,
+        stop_token_ids=stop_tokens(profile, vocab),
+    )
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    lengths: list[int] = []
+    for r in range(repeats + 1):  # the first call of each arm warms up, untimed
+        for compact in (True, False):
+            engine.compact = compact
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, params)
+            if r:
+                seconds[compact].append(time.perf_counter() - t0)
+            lengths = [len(c.response_ids) for per in out for c in per]
+    on, off = statistics.median(seconds[True]), statistics.median(seconds[False])
+    return {
+        "max_tokens": max_tokens,
+        "mean_length": round(statistics.mean(lengths), 1),
+        "generate_s": {"compact": round(on, 4), "all_rows": round(off, 4)},
+        "compaction_time_ratio": round(on / off, 3),
+    }
+
+
+def measure(sizes: Sequence[str], max_tokens: int, repeats: int, work: Path) -> dict[str, Any]:
+    from bench.backends import parameters
+    from engines.rollout.hf_backend import HFBackend
+    from workloads.tiny_model import build_tiny_model
+
+    out: dict[str, Any] = {}
+    for size in sizes:
+        model = build_tiny_model(work / size, **SIZES[size])
+        engine = HFBackend(model)
+        out[size] = {
+            "parameters": parameters(model),
+            **{p: time_arms(engine, p, max_tokens, repeats) for p in ("longtail", "full")},
+        }
+        del engine
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| model | parameters | lengths | mean length | compact s | all rows s | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, r in results.items():
+        for p in ("longtail", "full"):
+            b, g = r[p], r[p]["generate_s"]
+            lines.append(
+                f"| {size} | {r['parameters'] / 1e6:.1f} M | {p} | {b['mean_length']} of "
+                f"{b['max_tokens']} | {g['compact']:.3f} | {g['all_rows']:.3f} | "
+                f"{b['compaction_time_ratio']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench.compaction", description=__doc__)
+    ap.add_argument("--small", action="store_true", help="the toy model, 32 tokens (tests)")
+    ap.add_argument("--json", default=str(DEFAULT_JSON), help="where the results go")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per arm")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one rollout worker's thread
+    import torch
+
+    torch.set_num_threads(1)
+    sizes = ["toy"] if a.small else ["toy", "11m", "52m"]
+    max_tokens, repeats = (32, 2) if a.small else (128, a.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = measure(sizes, max_tokens, repeats, Path(tmp))
+    print(table(results))
+    out = {
+        "date": dt.date.today().isoformat(),
+        "machine": platform.node(),
+        "cpu": cpu_model(),
+        "threads": 1,
+        "repeats": repeats,
+        "completions": PROMPTS * SAMPLES,
+        "sizes": results,
+        # the largest model's long-tail lengths: the case compaction is for
+        "compaction_time_ratio": results[sizes[-1]]["longtail"]["compaction_time_ratio"],
+        # the same model with every row to the budget: what it costs with nothing to drop
+        "compaction_full_time_ratio": results[sizes[-1]]["full"]["compaction_time_ratio"],
+    }
+    write_results(out, a.json)
+    return out
+
+
+if __name__ == "__main__":
+    main()
