@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import os
 import platform
 import statistics
 import tempfile
@@ -33,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_model, write_results
+from bench.common import cpu_model, one_thread, write_results
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "backends.json"
 
@@ -126,11 +125,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", default=str(DEFAULT_JSON), help="where the results go")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per engine and batch")
     a = ap.parse_args(argv)
-    # one thread, as one rollout worker of the default layouts; set before torch starts
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
+    one_thread()
     sizes = ["toy"] if a.small else list(SIZES)
     batches = BATCHES[:1] if a.small else BATCHES
     repeats = 2 if a.small else a.repeats

@@ -68,3 +68,15 @@ def teacher_forced_logprobs(
         logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
     logp = torch.log_softmax(processed_logits(logits[len(prompt) - 1 : -1], temperature, 1.0), -1)
     return logp.gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def one_thread() -> None:
+    """Run torch on one thread, as one rollout worker of the default layouts does (the
+    variable is set before torch starts its pool; `set_num_threads` covers a torch that
+    has)."""
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import platform
 import statistics
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.backends import SIZES
-from bench.common import cpu_model, write_results
+from bench.common import cpu_model, one_thread, write_results
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "compaction.json"
 PROMPTS, SAMPLES, PROMPT_LEN = 16, 4, 24
@@ -117,10 +116,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", default=str(DEFAULT_JSON), help="where the results go")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per arm")
     a = ap.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one rollout worker's thread
-    import torch
-
-    torch.set_num_threads(1)
+    one_thread()
     sizes = ["toy"] if a.small else ["toy", "11m", "52m"]
     max_tokens, repeats = (32, 2) if a.small else (128, a.repeats)
     with tempfile.TemporaryDirectory() as tmp:
