@@ -76,9 +76,12 @@ def draw_rows(probs: Tensor, rows: Tensor | None, n: int, gen: torch.Generator |
     """One sample per row of the whole batch, from `probs` (A, V) of the rows still in it
     (`rows`: their indices among the n; None: all n are) → (n, 1) ids, 0 for the rest.
 
-    Every one of the n rows draws, the rows that left with a certain token: multinomial takes
-    one uniform per row whatever its values, so the seeded stream — and with it every live
-    row's sample — is the one a batch that keeps all its rows would draw."""
+    Every one of the n rows draws, the rows that left with a certain token: multinomial's
+    draws from the generator depend on the tensor's shape, not its values (one uniform per
+    row on the CPU: `test_hf_finished_rows_leave_the_batch_and_change_no_sample`), so the
+    seeded stream — and with it every live row's sample — is the one a batch that keeps
+    all its rows would draw. On a GPU this rests on the same property of torch's kernel,
+    which no test here can run."""
     if rows is None:
         return torch.multinomial(probs, 1, generator=gen)  # (n, 1)
     full = probs.new_zeros((n, probs.shape[-1]))  # (n, V)
