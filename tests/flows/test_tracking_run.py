@@ -2,7 +2,7 @@
 back with TensorBoard's reader, the wandb offline run's records parsed back with wandb's
 own, the MLflow run read from a real `mlflow server` (started here) with MLflow's client and
 its run page rendered in headless Chromium; a server that goes away mid-run costs metrics,
-not the run."""
+not the run; a run that raises ends its wandb run with exit code 1."""
 
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class MLflowServer:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
-    """One server for the module (~7 s to start); the last test stops it."""
+    """One server for the module (~7 s to start); the test of a server that goes away
+    stops it, after the others used it."""
     server = MLflowServer(tmp_path_factory.mktemp("mlflow-server"))
     try:
         yield server
@@ -208,3 +209,18 @@ def test_a_tracking_server_that_goes_away_costs_metrics_not_the_run(
     assert f"mlflow: run 'run' at {page}" in out  # where to look, said when it opened
     assert [p.step for p in direct.get_metric_history(run.info.run_id, "solver/reward")] == [3]
     assert run.info.status == "RUNNING"  # its end could not be told either
+
+
+def test_a_run_that_raises_ends_its_wandb_run_with_exit_code_1(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match="the run broke"),
+        tracking.tracking(("wandb",), tmp_path / "run", "demo-1", "demo", 2, {"a": 1}) as t,
+    ):
+        t.start(0.0)
+        for ref in REFS:
+            t("event", ref)
+        raise RuntimeError("the run broke")
+    records = wandb_records(tmp_path / "run")
+    [end] = records["exit"]
+    assert end.exit.exit_code == 1
+    assert len(records["history"]) == 1  # the step logged before it broke is kept
