@@ -62,7 +62,7 @@ def teacher_forced_logprobs(
     `temperature` (what a sampler must have stored for the tokens to be the policy's own)."""
     import torch
 
-    from engines.rollout.hf_backend import processed_logits
+    from engines.rollout.sampling import processed_logits
 
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()

@@ -119,6 +119,7 @@ PARAMS_PER_CALL = 100  # MLflow's limit on params in one log_batch
 MAX_PENDING = 32  # calls waiting for the server before the driver waits
 METRICS_EVERY_S = 2.0  # metrics are sent at most this often (`Sender`)
 METRICS_PER_CALL = 1000  # MLflow's limit on metrics in one log_batch
+FLUSH = ("flush", None, ())  # the Sender's own marker: `every` is up
 
 
 SQLALCHEMY_NOISE = (
@@ -277,7 +278,8 @@ class Sender:
     def __init__(self, name: str, send_metrics: Callable[[list[Any]], None], every: float) -> None:
         self.name, self.send_metrics, self.every = name, send_metrics, every
         self.failed: str | None = None  # the first call the server refused
-        self.calls: queue.Queue[tuple[str, Any, tuple[Any, ...]] | None] = queue.Queue(MAX_PENDING)
+        # a call (what, function, args), a metrics batch (a list), or None: the end
+        self.calls: queue.Queue[Any] = queue.Queue(MAX_PENDING)
         self.held: list[Any] = []
         self.thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
         self.thread.start()
@@ -286,32 +288,32 @@ class Sender:
         self.calls.put((what, call, args))
 
     def metrics(self, batch: list[Any]) -> None:
-        self.calls.put(("metrics", None, tuple(batch)))
+        self.calls.put(batch)
 
     def _run(self) -> None:
         due = time.monotonic() + self.every
         while True:
             try:
                 item = self.calls.get(timeout=max(0.0, due - time.monotonic()))
-            except queue.Empty:
-                item = ("flush", None, ())
-            if item is not None and item[1] is None and item[0] == "metrics":
-                self.held.extend(item[2])
+            except queue.Empty:  # `every` is up: send what is held
+                item = FLUSH
+            if isinstance(item, list):
+                self.held.extend(item)
                 continue
-            if self.held:
-                held, self.held = self.held, []
-                for i in range(0, len(held), METRICS_PER_CALL):
-                    part = held[i : i + METRICS_PER_CALL]
-                    steps = sorted({m.step for m in part})
-                    what = f"the metrics of step {steps[0]}" + (
-                        f" to {steps[-1]}" if len(steps) > 1 else ""
-                    )
-                    self._call(what, self.send_metrics, (part,))
+            self._send_held()
             due = time.monotonic() + self.every
             if item is None:
                 return
-            if item[1] is not None:
+            if item is not FLUSH:
                 self._call(*item)
+
+    def _send_held(self) -> None:
+        held, self.held = self.held, []
+        for i in range(0, len(held), METRICS_PER_CALL):
+            part = held[i : i + METRICS_PER_CALL]
+            steps = sorted({m.step for m in part})
+            span = f" to {steps[-1]}" if len(steps) > 1 else ""
+            self._call(f"the metrics of step {steps[0]}{span}", self.send_metrics, (part,))
 
     def _call(self, what: str, call: Any, args: tuple[Any, ...]) -> None:
         if self.failed is not None:
