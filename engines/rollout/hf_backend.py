@@ -200,10 +200,10 @@ class HFBackend:
         in_batch: Tensor | None = None  # (A,) the rows still in the batch; None: all R
         for t in range(width):
             processed = processed_logits(logits, params.temperature, params.top_p)  # (A, V)
-            logp = torch.log_softmax(processed, dim=-1)  # (A, V) the sampling distribution
-            tok = draw_rows(logp.exp(), in_batch, n, gen)  # (R, 1)
+            probs = torch.softmax(processed, dim=-1)  # (A, V) the sampling distribution
+            tok = draw_rows(probs, in_batch, n, gen)  # (R, 1)
             step = tok if in_batch is None else tok[in_batch]  # (A, 1) the batch's next input
-            lp = logp.gather(-1, step)[:, 0]  # (A,)
+            lp = probs.gather(-1, step)[:, 0].log()  # (A,) one log per row, not per entry
             tok_cols.append(tok[:, 0])
             lp_cols.append(lp if in_batch is None else lp.new_zeros(n).index_copy_(0, in_batch, lp))
             live = ~done  # (R,)

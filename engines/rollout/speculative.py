@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from engines.rollout.base import Completion, SamplingParams, Speculation
+from engines.rollout.sampling import draw, uniforms
 
 
 @dataclass(slots=True)
@@ -142,7 +143,7 @@ def verify(
         dist[rejected, drafts[rejected, accepted[rejected]]] = 0.0
     empty = dist.sum(-1) <= 0  # p(d) rounded to 1 and still rejected: keep d
     dist[empty] = probs[rows, accepted][empty]
-    token = torch.multinomial(dist, 1, generator=gen)[:, 0]  # (R,)
+    token = draw(dist, uniforms(r, gen, logp.device))  # (R,)
     return accepted, token
 
 
@@ -175,7 +176,7 @@ def speculative_sample(
     past = out.past_key_values
     logits = out.logits[:, -1:].float()  # (R, 1, V)
     logp = torch.log_softmax(processed(logits, params.temperature, params.top_p), -1)
-    nxt = torch.multinomial(logp[:, 0].exp(), 1, generator=gen)[:, 0]  # (R,)
+    nxt = draw(logp[:, 0].exp(), uniforms(n, gen, dev))  # (R,)
     next_pos = pos[:, -1] + 1  # (R,) where the pending token goes
     toks: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]

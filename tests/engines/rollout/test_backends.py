@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -256,8 +257,7 @@ def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
     logprobs equal them to float32 rounding: a row's logits can differ in the last bit when
     the rows beside it in the batch differ."""
     backend = make_backend("hf", tiny_model_dir)
-    prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
-    params = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4, stop_token_ids=(20, 21))
+    prompts, params = ragged(backend)
     assert backend.sync_every == 1  # a CPU engine looks every token
     per_token = backend.generate(prompts, params)
     backend.sync_every = every
@@ -265,6 +265,22 @@ def test_hf_decoding_with_sparse_syncs_samples_exactly_the_same(
     assert same_samples(sparse, per_token)
     reasons = {c.finish_reason for group in per_token for c in group}
     assert reasons == {"stop", "length"}, reasons  # both ways of finishing are exercised
+
+
+def ragged(backend: RolloutBackend) -> tuple[list[list[int]], SamplingParams]:
+    """Ragged prompts and seeded params under which some rows end on a stop token and others
+    run to `max_tokens`, whatever the sampler draws: the stop ids are two tokens that this
+    seeded run, without stop ids, samples mid-way in two rows and never in some other row.
+    Until a row stops it draws what it drew without stop ids (the stream is the same), so
+    those two rows end on a stop and the other row on its budget."""
+    prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
+    base = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4)
+    free = [c.response_ids for group in backend.generate(prompts, base) for c in group]
+    for a in free[0][2:9]:
+        for b in free[7][2:9]:
+            if any(a not in row and b not in row for row in free):
+                return prompts, dataclasses.replace(base, stop_token_ids=(a, b))
+    raise AssertionError(f"every row samples the candidates: {free}")
 
 
 def same_samples(a: list[list[Completion]], b: list[list[Completion]]) -> bool:
@@ -283,8 +299,7 @@ def test_hf_finished_rows_leave_the_batch_and_change_no_sample(tiny_model_dir: P
     batch shrinks as rows stop, and every row samples what it would have with all rows kept
     (the rows that left still draw from the seeded stream)."""
     backend = make_backend("hf", tiny_model_dir)
-    prompts = [[5, 6, 7], [9], [3, 4, 5, 6, 7, 8], [10, 11]]
-    params = SamplingParams(n=3, max_tokens=12, temperature=1.3, seed=4, stop_token_ids=(20, 21))
+    prompts, params = ragged(backend)
     sizes: list[int] = []
     hook = backend.model.register_forward_hook(
         lambda _m, _a, out: sizes.append(int(out.logits.shape[0]))
