@@ -68,6 +68,7 @@ bench: setup models
 	$(BIN)/python -m bench.peer_trl --repeats 2 --json bench/results/peer_trl.json
 	$(BIN)/python -m bench.backends --json bench/results/backends.json  # which backend on CPU, by model size
 	$(BIN)/python -m bench.compaction --json bench/results/compaction.json  # finished rows leaving the hf batch
+	$(BIN)/python -m bench.kv_cache --json bench/results/kv_cache.json  # a CPU vLLM engine's KV cache sized from the run
 	$(BIN)/python -m bench.soak --json bench/results/soak.json --png bench/results/soak.png
 	$(BIN)/python -m bench.lora --json bench/results/lora.json
 	$(BIN)/python -m bench.zero_advantage --json bench/results/zero_advantage.json

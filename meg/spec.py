@@ -359,7 +359,7 @@ class DatasetSpec(_Frozen):
     train_size: int = Field(512, ge=1, le=MAX_DATASET)
     eval_size: int = Field(64, ge=0, le=MAX_DATASET)
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    question_tokens: int = Field(16, ge=1, description="Estimate used by `meg show` only.")
+    question_tokens: int = Field(16, ge=1, description="A question's tokens (estimate; KV sizing).")
 
 
 class MEGSpec(_Frozen):

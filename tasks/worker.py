@@ -108,16 +108,22 @@ def host_of(ctx: RunContext, agent: str) -> Any:
 
 def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any]]:
     """(host key, backend, local model dir, backend options) of a weight unit's engine."""
-    from engines.devices import engine_options, worker_device
+    from engines.devices import engine_options, total_ram, worker_device
+    from engines.kv_cache import kv_cache_bytes
     from engines.rollout.base import AdapterServing
 
     # the device options come from this worker's own hardware (its GPU, if it has one)
     device = worker_device(ctx.rollout_gpu_share)
+    model = local_dir(unit.model)
     opts: dict[str, Any] = {"dtype": unit.dtype, **engine_options(unit.backend, device)}
+    if opts.get("kv_cache_bytes") is not None:  # a CPU vLLM engine: sized to hold a call
+        opts["kv_cache_bytes"] = kv_cache_bytes(
+            ctx.spec, unit.agents, model, unit.dtype, total_ram()
+        )
     if unit.lora:
         ranks = [lora.r for a in unit.agents if (lora := ctx.spec.agents[a].lora) is not None]
         opts["adapters"] = AdapterServing(len(unit.agents), max(ranks))
-    return f"{ctx.run_id}/{unit.name}", unit.backend, local_dir(unit.model), opts
+    return f"{ctx.run_id}/{unit.name}", unit.backend, model, opts
 
 
 _HAND_OVER = threading.Lock()

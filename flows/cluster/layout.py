@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engines.devices import CPU_KV_CACHE_BYTES
+from engines.devices import CPU_KV_CACHE_BYTES, total_ram
 from flows.cluster.start import ClusterConfig
 from meg import MEGSpec, is_hub_name
 
@@ -56,20 +56,15 @@ def spreads(agents: int, mode: str, cores: int) -> bool:
     return agents == 1 and mode != "async" and cores >= 2
 
 
-def engine_bytes(model_dir: str | Path) -> int | None:
+def engine_bytes(model_dir: str | Path, kv: int = CPU_KV_CACHE_BYTES) -> int | None:
     """What one rollout engine of this model takes on a CPU worker, counted high: its weights
-    twice (a bf16 checkpoint may be served in float32), the KV cache and the process's own
-    ~0.7 GB. None when the directory holds no weights to measure."""
+    twice (a bf16 checkpoint may be served in float32), its KV cache (`kv` bytes:
+    `engines.kv_cache`) and the process's own ~0.7 GB. None when the directory holds no
+    weights to measure."""
     files = [*Path(model_dir).glob("*.safetensors"), *Path(model_dir).glob("*.bin")]
     if not files:
         return None
-    return 2 * sum(f.stat().st_size for f in files) + CPU_KV_CACHE_BYTES + ENGINE_BASE_BYTES
-
-
-def total_ram() -> int:
-    import psutil  # distributed's own dependency
-
-    return int(psutil.virtual_memory().total)
+    return 2 * sum(f.stat().st_size for f in files) + kv + ENGINE_BASE_BYTES
 
 
 def default_layout(
@@ -114,10 +109,15 @@ def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | N
     agents = {n.agent for n in spec.nodes.values()}
     size = None
     if len(agents) == 1:
+        from engines.kv_cache import kv_cache_bytes
         from engines.model_files import local_dir
 
-        model = spec.agents[next(iter(agents))].model
-        size = None if is_hub_name(model) else engine_bytes(local_dir(model))
+        agent = next(iter(agents))
+        chosen = spec.agents[agent]
+        path = None if is_hub_name(chosen.model) else Path(local_dir(chosen.model))
+        if path is not None and (path / "config.json").is_file():
+            kv = kv_cache_bytes(spec, (agent,), path, chosen.dtype, total_ram())
+            size = engine_bytes(path, kv)
     mode, mbs = spec.run.mode, spec.run.micro_batches
     cluster = default_layout(given, len(agents), mode, mbs, size)
     return cluster, None if cluster is given else describe(cluster, mbs)
