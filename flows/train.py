@@ -19,6 +19,7 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.cluster.bootstrap import refuse_while_spawning
 from flows.cluster.layout import for_meg
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
@@ -351,6 +352,7 @@ def export_final(run: Run, how: str = "adapter") -> None:
 @flow(name="flexmarl-train", log_prints=True)
 def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
+    refuse_while_spawning("flexmarl train")  # a script without the main guard, re-imported
     run = prepare(params)
     cluster = layout(run, params.cluster)
     with run_tracking(run, cluster) as track:  # run.tracking: opened before the cluster

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engines.devices import ROLLOUT_GPU_SHARE
+from flows.cluster.bootstrap import refuse_while_spawning, wait_for_local_workers
 
 ROLLOUT, TRAIN = "rollout", "train"
 
@@ -314,6 +315,7 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
 
     from flows.cluster.threads import TorchThreads
 
+    refuse_while_spawning("a Dask cluster")
     os.environ.update({k: v for k, v in _settings_env().items() if k not in os.environ})
     # this process's dask config was read at import, before the lines above, and a local
     # cluster's nannies hand it to their workers, over the workers' own environment: apply
@@ -334,7 +336,10 @@ def dask_cluster(cfg: ClusterConfig) -> Iterator[Workers]:
         address, expected = cluster.scheduler_address, len(roles(cfg))
     try:
         with Client(address) as client:
-            client.wait_for_workers(expected, timeout=120)
+            if cluster is not None:  # ours: stop waiting as soon as one failed to start
+                wait_for_local_workers(cluster, client, expected, timeout=120)
+            else:
+                client.wait_for_workers(expected, timeout=120)
             workers = wait_for_roles(client, address, timeout=120)
             client.register_plugin(TorchThreads())  # before any task imports torch's pool
             client.run(warm_up)  # all workers import the stack at once, not in the first task
