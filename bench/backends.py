@@ -1,6 +1,6 @@
 """Which rollout backend is faster on a CPU worker, by model size and batch.
 
-    python -m bench.backends [--small] [--json PATH] [--repeats R]
+    python -m bench.backends [--small] [--json PATH] [--repeats R] [--model DIR ...]
 
 One rollout engine of each backend (`vllm`, vLLM for CPUs; `hf`, our transformers sampling
 loop) on one torch thread, as a rollout worker of the default layouts has, generating the
@@ -15,6 +15,11 @@ an open target there. Whether `flexmarl train` should then pick `hf` by itself d
 whether that holds for models a user trains; this says at which sizes it does. The models
 are random (their outputs run to `max_tokens`, so both engines decode the same lengths);
 only their shapes matter here.
+
+`--model DIR` (repeatable): your own local HF model directories instead of the random
+sizes, to choose a backend for your model on your CPU. A trained model may stop early, and
+the two engines sample differently, so compare `hf_over_vllm_per_token` (seconds per
+generated token, hf's over vLLM's) there.
 
 `--small` (the test suite): the toy model and one batch, 2 repeats; keys, not timings.
 """
@@ -85,12 +90,14 @@ def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tok
     tokens = {
         name: sum(len(c.response_ids) for per in out for c in per) for name, out in outs.items()
     }
+    per_token = {name: med[name] / max(tokens[name], 1) for name in med}
     return {
         "completions": len(prompts) * SAMPLES,
         "max_tokens": max_tokens,
         "generate_s": {name: round(s, 4) for name, s in med.items()},
         "tokens": tokens,
         "hf_over_vllm": round(med["hf"] / med["vllm"], 3),
+        "hf_over_vllm_per_token": round(per_token["hf"] / per_token["vllm"], 3),
     }
 
 
@@ -99,24 +106,22 @@ def kv_bytes(model_dir: Path, batches: Sequence[tuple[int, int]]) -> int:
     spare for vLLM's block rounding."""
     import json
 
-    cfg = json.loads((model_dir / "config.json").read_text())
-    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    per_token = 2 * cfg["num_hidden_layers"] * heads * head_dim * 4
+    from engines.kv_cache import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(json.loads((model_dir / "config.json").read_text()), "float32")
     rows = max(p * SAMPLES * (PROMPT_TOKENS + t) for p, t in batches)
     return int(1.25 * rows * per_token)
 
 
-def measure(sizes: Sequence[str], batches: Sequence[tuple[int, int]], repeats: int,
-            work: Path) -> dict[str, Any]:  # fmt: skip
+def measure(models: dict[str, Path], batches: Sequence[tuple[int, int]],
+            repeats: int) -> dict[str, Any]:  # fmt: skip
+    """Each model (name → local directory) on both engines, batch by batch."""
     from bench.rollout import make_prompts
     from engines.devices import WorkerDevice, engine_options
     from engines.rollout.base import make_backend
-    from workloads.tiny_model import build_tiny_model
 
     out: dict[str, Any] = {}
-    for size in sizes:
-        model = build_tiny_model(work / size, **SIZES[size])
+    for size, model in models.items():
         cpu = WorkerDevice("cpu")
         opts = {b: engine_options(b, cpu) for b in ("vllm", "hf")}
         # vLLM's KV cache holds the largest batch at once, as hf's cache does (the default
@@ -136,36 +141,69 @@ def measure(sizes: Sequence[str], batches: Sequence[tuple[int, int]], repeats: i
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| model | parameters | completions × tokens | hf s | vLLM s | hf / vLLM |",
-        "|---|---|---|---|---|---|",
+        "| model | parameters | completions × tokens | hf s | vLLM s | hf / vLLM "
+        "| tokens hf / vLLM | per token hf / vLLM |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for size, r in results.items():
         for b in r["batches"]:
-            g = b["generate_s"]
+            g, t = b["generate_s"], b["tokens"]
             lines.append(
                 f"| {size} | {r['parameters'] / 1e6:.1f} M | {b['completions']} × "
-                f"{b['max_tokens']} | {g['hf']:.3f} | {g['vllm']:.3f} | {b['hf_over_vllm']:.2f} |"
+                f"{b['max_tokens']} | {g['hf']:.3f} | {g['vllm']:.3f} | {b['hf_over_vllm']:.2f} "
+                f"| {t['hf']} / {t['vllm']} | {b['hf_over_vllm_per_token']:.2f} |"
             )
     return "\n".join(lines)
 
 
+def given_models(dirs: Sequence[str]) -> dict[str, Path]:
+    """`--model` directories by name; a clear error for one that holds no HF model."""
+    models = {}
+    for d in dirs:
+        path = Path(d).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"--model {d}: no config.json there (a local HF model directory)")
+        models[path.name] = path
+    return models
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    a = engine_bench_args("bench.backends", __doc__, DEFAULT_JSON, HELPS, argv)
+    a = engine_bench_args(
+        "bench.backends",
+        __doc__,
+        DEFAULT_JSON,
+        HELPS,
+        argv,
+        lambda ap: ap.add_argument(
+            "--model",
+            action="append",
+            default=[],
+            metavar="DIR",
+            help="your own model (repeatable)",
+        ),
+    )
     one_thread()
-    sizes = ["toy"] if a.small else list(SIZES)
     batches = BATCHES[:1] if a.small else BATCHES
     repeats = 2 if a.small else a.repeats
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure(sizes, batches, repeats, Path(tmp))
+        models = given_models(a.model)
+        if not models:  # the random models of growing size
+            from workloads.tiny_model import build_tiny_model
+
+            sizes = ["toy"] if a.small else list(SIZES)
+            models = {size: build_tiny_model(Path(tmp) / size, **SIZES[size]) for size in sizes}
+        results = measure(models, batches, repeats)
     print(table(results))
     largest = max(results, key=lambda size: results[size]["parameters"])
     ratios = [b["hf_over_vllm"] for r in results.values() for b in r["batches"]]
+    keys: dict[str, Any] = {}
+    if "toy" in results:  # the toy model's smallest batch: the TRL peer job's tiny step
+        keys["hf_over_vllm_toy"] = results["toy"]["batches"][0]["hf_over_vllm"]
     out = results_header(
         threads=1,
         repeats=repeats,
         sizes=results,
-        # the toy model's smallest batch: what the TRL peer job's tiny step generates
-        hf_over_vllm_toy=results["toy"]["batches"][0]["hf_over_vllm"],
+        **keys,
         # the largest model's smallest batch: the one closest to a model a user trains
         hf_over_vllm_largest=results[largest]["batches"][0]["hf_over_vllm"],
         # every model and batch: the geometric mean of hf's time over vLLM's

@@ -109,14 +109,20 @@ def generated(out: Any) -> int:
 
 
 def engine_bench_args(module: str, doc: str | None, json_default: Path, helps: tuple[str, str],
-                      argv: Any) -> argparse.Namespace:  # fmt: skip
+                      argv: Any, more: Any = None) -> argparse.Namespace:  # fmt: skip
     """The command line of the one-thread engine benchmarks (`python -m <module>`): `--small`
     (the test suite's run), `--json`, `--repeats` (3 by default); `helps` says what the
-    first and the last are."""
-    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc)
+    first and the last are; `more(parser)` adds a benchmark's own options."""
+    ap = argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--small", action="store_true", help=helps[0])
     ap.add_argument("--json", default=str(json_default), help="where the results go")
     ap.add_argument("--repeats", type=int, default=3, help=helps[1])
+    if more is not None:
+        more(ap)
     return ap.parse_args(argv)
 
 

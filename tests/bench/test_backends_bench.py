@@ -39,3 +39,25 @@ def test_parameters_are_counted_from_the_headers_as_torch_counts_them(tmp_path: 
     model = build_tiny_model(tmp_path / "m", layers=1, hidden=64, heads=2, intermediate=96)
     loaded = AutoModelForCausalLM.from_pretrained(model)
     assert parameters(model) == sum(p.numel() for p in loaded.parameters())
+
+
+def test_backends_bench_measures_a_given_model(tmp_path: Path) -> None:
+    """`--model DIR`: the user's own model instead of the random sizes (here a GPT-2-style
+    one, whose config names its sizes `n_layer`/`n_head`/`n_embd`), named by its directory,
+    with the per-token ratio that compares engines whose samples end at other lengths."""
+    from workloads.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "my-gpt2", family="gpt2")
+    res = main(["--small", "--model", str(model), "--json", str(tmp_path / "b.json")])
+    assert list(res["sizes"]) == ["my-gpt2"]
+    assert "hf_over_vllm_toy" not in res  # no toy model was measured
+    (row,) = res["sizes"]["my-gpt2"]["batches"]
+    g, t = row["generate_s"], row["tokens"]
+    per_token = (g["hf"] / t["hf"]) / (g["vllm"] / t["vllm"])
+    assert row["hf_over_vllm_per_token"] == pytest.approx(per_token, rel=0.01)
+    assert res["hf_over_vllm_largest"] == row["hf_over_vllm"]
+
+
+def test_backends_bench_refuses_a_directory_without_a_model(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--model .*: no config\.json there"):
+        main(["--small", "--model", str(tmp_path), "--json", str(tmp_path / "b.json")])
