@@ -31,6 +31,7 @@ import math
 import statistics
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,32 @@ SIZES: dict[str, dict[str, Any]] = {
         "vocab": 151936,
     },
 }
-# (prompts, max_tokens): n = 4 samples each, so 16 × 32 and 64 × 64 completions × tokens;
-# 16 × 32 is one micro-batch of the peer job's 8×4×32 size on two rollout workers
-BATCHES: tuple[tuple[int, int], ...] = ((4, 32), (16, 64))
 SAMPLES = 4
 PROMPT_TOKENS = 8  # bench.rollout.make_prompts' default length
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One generate call: `prompts` × `SAMPLES` completions of at most `max_tokens`, the
+    prompts' lengths spread evenly over `prompt_tokens` (shortest, longest)."""
+
+    prompts: int
+    max_tokens: int
+    prompt_tokens: tuple[int, int] = (PROMPT_TOKENS, PROMPT_TOKENS)
+
+    def token_ids(self) -> list[list[int]]:
+        from bench.rollout import make_prompts
+
+        lo, hi = self.prompt_tokens
+        steps = max(self.prompts - 1, 1)
+        lengths = [lo + (hi - lo) * i // steps for i in range(self.prompts)]
+        return [make_prompts(1, n, offset=7 * i)[0] for i, n in enumerate(lengths)]
+
+
+# 16 × 32 is one micro-batch of the peer job's 8×4×32 size on two rollout workers; the third
+# is what a downstream node of a multi-agent graph sends: prompts that splice in earlier
+# answers, of lengths from 64 to 384 tokens (the `hf` loop left-pads them to the longest)
+BATCHES: tuple[Batch, ...] = (Batch(4, 32), Batch(16, 64), Batch(16, 64, (64, 384)))
 
 
 def parameters(model_dir: Path) -> int:
@@ -79,12 +101,12 @@ def parameters(model_dir: Path) -> int:
     return sum(math.prod(shape) for shape in checkpoint_shapes(model_dir).values())
 
 
-def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tokens: int,
-              repeats: int) -> dict[str, Any]:  # fmt: skip
+def time_pair(engines: dict[str, Any], batch: Batch, repeats: int) -> dict[str, Any]:
     """Median generate seconds of each engine, calls alternating, and tokens generated."""
     from engines.rollout.base import SamplingParams
 
-    params = SamplingParams(n=SAMPLES, max_tokens=max_tokens, seed=1)
+    prompts = batch.token_ids()
+    params = SamplingParams(n=SAMPLES, max_tokens=batch.max_tokens, seed=1)
     calls = {name: functools.partial(e.generate, prompts, params) for name, e in engines.items()}
     outs, med = alternate(calls, repeats)
     tokens = {
@@ -93,7 +115,8 @@ def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tok
     per_token = {name: med[name] / max(tokens[name], 1) for name in med}
     return {
         "completions": len(prompts) * SAMPLES,
-        "max_tokens": max_tokens,
+        "max_tokens": batch.max_tokens,
+        "prompt_tokens": list(batch.prompt_tokens),
         "generate_s": {name: round(s, 4) for name, s in med.items()},
         "tokens": tokens,
         "hf_over_vllm": round(med["hf"] / med["vllm"], 3),
@@ -101,7 +124,7 @@ def time_pair(engines: dict[str, Any], prompts: Sequence[Sequence[int]], max_tok
     }
 
 
-def kv_bytes(model_dir: Path, batches: Sequence[tuple[int, int]]) -> int:
+def kv_bytes(model_dir: Path, batches: Sequence[Batch]) -> int:
     """float32 KV-cache bytes for the largest batch's rows at full length, with a quarter
     spare for vLLM's block rounding."""
     import json
@@ -109,14 +132,12 @@ def kv_bytes(model_dir: Path, batches: Sequence[tuple[int, int]]) -> int:
     from engines.kv_cache import kv_bytes_per_token
 
     per_token = kv_bytes_per_token(json.loads((model_dir / "config.json").read_text()), "float32")
-    rows = max(p * SAMPLES * (PROMPT_TOKENS + t) for p, t in batches)
+    rows = max(b.prompts * SAMPLES * (b.prompt_tokens[1] + b.max_tokens) for b in batches)
     return int(1.25 * rows * per_token)
 
 
-def measure(models: dict[str, Path], batches: Sequence[tuple[int, int]],
-            repeats: int) -> dict[str, Any]:  # fmt: skip
+def measure(models: dict[str, Path], batches: Sequence[Batch], repeats: int) -> dict[str, Any]:
     """Each model (name → local directory) on both engines, batch by batch."""
-    from bench.rollout import make_prompts
     from engines.devices import WorkerDevice, engine_options
     from engines.rollout.base import make_backend
 
@@ -129,7 +150,7 @@ def measure(models: dict[str, Path], batches: Sequence[tuple[int, int]],
         kv = max(opts["vllm"]["kv_cache_bytes"], kv_bytes(model, batches))
         opts["vllm"]["kv_cache_bytes"] = kv
         engines = {b: make_backend(b, model, **opts[b]) for b in ("vllm", "hf")}
-        rows = [time_pair(engines, make_prompts(p), t, repeats) for p, t in batches]
+        rows = [time_pair(engines, batch, repeats) for batch in batches]
         out[size] = {"parameters": parameters(model), "vllm_kv_cache_bytes": kv, "batches": rows}
         for engine in engines.values():
             close = getattr(engine, "close", None)
@@ -141,17 +162,19 @@ def measure(models: dict[str, Path], batches: Sequence[tuple[int, int]],
 
 def table(results: dict[str, Any]) -> str:
     lines = [
-        "| model | parameters | completions × tokens | hf s | vLLM s | hf / vLLM "
-        "| tokens hf / vLLM | per token hf / vLLM |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | parameters | completions × tokens | prompt tokens | hf s | vLLM s "
+        "| hf / vLLM | tokens hf / vLLM | per token hf / vLLM |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for size, r in results.items():
         for b in r["batches"]:
             g, t = b["generate_s"], b["tokens"]
+            lo, hi = b["prompt_tokens"]
             lines.append(
                 f"| {size} | {r['parameters'] / 1e6:.1f} M | {b['completions']} × "
-                f"{b['max_tokens']} | {g['hf']:.3f} | {g['vllm']:.3f} | {b['hf_over_vllm']:.2f} "
-                f"| {t['hf']} / {t['vllm']} | {b['hf_over_vllm_per_token']:.2f} |"
+                f"{b['max_tokens']} | {lo if lo == hi else f'{lo}–{hi}'} | {g['hf']:.3f} "
+                f"| {g['vllm']:.3f} | {b['hf_over_vllm']:.2f} | {t['hf']} / {t['vllm']} "
+                f"| {b['hf_over_vllm_per_token']:.2f} |"
             )
     return "\n".join(lines)
 
