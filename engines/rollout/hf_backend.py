@@ -172,14 +172,21 @@ class HFBackend:
         if params.seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(params.seed)
 
-        ids, mask = left_pad(rows, self._pad)  # (R, L)
+        # the prompt pass runs once per prompt, and its cache and last logits are repeated
+        # for the n samples (row r samples prompt r // n): the n rows of one prompt computed
+        # the same prefill, n times the work on long prompts (`bench.backends`)
+        ids, mask = left_pad(prompts, self._pad)  # (P, L)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (R, L)
-        # the prompt's last position only: (R, L, V) logits at a 151,936 vocabulary are GBs
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L)
+        # the prompt's last position only: (P, L, V) logits at a 151,936 vocabulary are GBs
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
-        past, logits = out.past_key_values, out.logits[:, -1].float()  # (R, V)
+        past, logits = out.past_key_values, out.logits[:, -1].float()  # (P, V)
+        if params.n > 1:
+            past.batch_repeat_interleave(params.n)
+            logits = logits.repeat_interleave(params.n, dim=0)  # (R, V)
+            mask, pos = mask.repeat_interleave(params.n, 0), pos.repeat_interleave(params.n, 0)
         next_pos = pos[:, -1:] + 1  # (R, 1)
 
         # the decode state stays on the device: no host round trip per token (on a GPU the

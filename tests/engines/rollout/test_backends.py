@@ -312,11 +312,12 @@ def test_hf_finished_rows_leave_the_batch_and_change_no_sample(tiny_model_dir: P
     finally:
         hook.remove()
     assert same_samples(compact, kept)
-    assert set(sizes) == {12}  # without compaction all 4 × 3 rows decode to the end
+    # one prompt pass for the 4 prompts; without compaction all 4 × 3 rows decode to the end
+    assert sizes[0] == 4 and set(sizes[1:]) == {12}
     lengths = sorted(len(c.response_ids) for g in compact for c in g)
     assert lengths[0] < 12  # some rows stopped early...
-    assert shrunk[0] == 12 and shrunk[-1] < 12  # ...and left the batch
-    assert shrunk == sorted(shrunk, reverse=True)
+    assert shrunk[:2] == [4, 12] and shrunk[-1] < 12  # ...and left the batch
+    assert shrunk[1:] == sorted(shrunk[1:], reverse=True)
 
 
 def test_hf_prefill_computes_the_last_positions_logits_only(tiny_model_dir: Path) -> None:
@@ -337,8 +338,8 @@ def test_hf_prefill_computes_the_last_positions_logits_only(tiny_model_dir: Path
     finally:
         hook.remove()
     vocab = shapes[0][-1]
-    assert shapes[0] == (4, 1, vocab)  # 2 prompts × n = 2 rows, prompt length 8 (padded)
-    assert all(s == (4, 1, vocab) for s in shapes[1:])
+    assert shapes[0] == (2, 1, vocab)  # one prompt pass per prompt, not per sample
+    assert all(s == (4, 1, vocab) for s in shapes[1:])  # 2 prompts × n = 2 rows decode
     # the same samples as sampling from the full pass's last position
     model, calls = backend.model, backend.model.forward
 
