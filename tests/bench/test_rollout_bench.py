@@ -52,6 +52,9 @@ def test_rollout_bench_small_writes_all_metrics(tmp_path: Path) -> None:
     # it moves a host in 2 steps, and to which agent, depends on the machine (a slow call on
     # a loaded CI machine can make the verifier look heavier), so only what holds either way
     # is asserted here; that skewed demand moves the spare host to the heavy agent is the
-    # pure balancer's test (test_balancer.py::test_skewed_demand_moves_hosts_...)
-    moved = r["on"]["final_hosts"] != r["off"]["final_hosts"]
-    assert moved == (r["on"]["swaps"] >= 1) and r["on"]["swaps"] >= 0
+    # pure balancer's test (test_balancer.py::test_skewed_demand_moves_hosts_...). Nor do
+    # the final hosts tell whether weights were swapped: a move decided at the last step's
+    # end is never carried out (CI saw final hosts moved with 0 swaps), and a trial that
+    # undoes a move leaves the first hosts after two swaps. A swap is a host taking another
+    # agent's weights at a step's start: at most one per host and step after the first.
+    assert 0 <= r["on"]["swaps"] <= r["hosts"] * (r["steps"] - 1)
