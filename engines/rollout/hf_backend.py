@@ -43,7 +43,7 @@ from engines.rollout.base import (
     check_weights,
     register_backend,
 )
-from engines.rollout.sampling import draw_rows, leave, left_pad, processed_logits
+from engines.rollout.sampling import draw_rows, leave, left_pad, processed_logits, repeat_rows
 from engines.rollout.speculative import DraftHistory, speculative_sample
 
 SYNC_EVERY = 8  # tokens between two looks at "all rows done" on a GPU
@@ -134,7 +134,7 @@ class HFBackend:
             head = list(p[-spec.match :])
             indexes += [(index, index.add_seq(head)) for _ in range(params.n)]
         rows = [list(p) for p in prompts for _ in range(params.n)]
-        ids, mask = left_pad(rows, self._pad)
+        ids, mask = left_pad(prompts, self._pad)  # (P, L): one prompt pass per prompt
         comps, self.passes = speculative_sample(
             self.model,
             ids.to(self.device),
@@ -183,10 +183,7 @@ class HFBackend:
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
         past, logits = out.past_key_values, out.logits[:, -1].float()  # (P, V)
-        if params.n > 1:
-            past.batch_repeat_interleave(params.n)
-            logits = logits.repeat_interleave(params.n, dim=0)  # (R, V)
-            mask, pos = mask.repeat_interleave(params.n, 0), pos.repeat_interleave(params.n, 0)
+        logits, mask, pos = repeat_rows(params.n, past, logits, mask, pos)  # (R, ...)
         next_pos = pos[:, -1:] + 1  # (R, 1)
 
         # the decode state stays on the device: no host round trip per token (on a GPU the

@@ -6,6 +6,7 @@ row's sample), and left padding. `engines.rollout.hf_backend` runs the loop arou
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -70,6 +71,16 @@ def leave(done: Tensor, rows: Tensor | None, n: int) -> tuple[Tensor | None, Ten
     if len(keep) == len(current):
         return rows, None
     return current[keep], keep
+
+
+def repeat_rows(per: int, past: Any, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """After a prompt pass over P prompts: their cache (`past`, in place) and `tensors`
+    (P, ...) repeated `per` times each, a prompt's copies together → (P·per, ...). The
+    prompt's n samples share one prefill instead of computing it n times."""
+    if per == 1:
+        return tensors
+    past.batch_repeat_interleave(per)
+    return tuple(t.repeat_interleave(per, dim=0) for t in tensors)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:

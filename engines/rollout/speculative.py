@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from engines.rollout.base import Completion, SamplingParams, Speculation
-from engines.rollout.sampling import draw, uniforms
+from engines.rollout.sampling import draw, repeat_rows, uniforms
 
 
 @dataclass(slots=True)
@@ -158,9 +158,11 @@ def speculative_sample(
     processed: Any,
     compact: bool = True,
 ) -> tuple[list[Completion], int]:
-    """Sample every row of the left-padded prompts `ids`, `mask` (R, L) to a stop token or
-    its budget with drafts from `indexes` (per row: its prompt's index and its sequence id
-    there). Returns the completions and the number of forward passes.
+    """Sample every row (R = len(budgets): each of the left-padded prompts `ids`, `mask`
+    (P, L) R / P times, a prompt's rows together) to a stop token or its budget with drafts
+    from `indexes` (per row: its prompt's index and its sequence id there). The prompt pass
+    runs once per prompt; its cache and last logits are repeated for the prompt's rows.
+    Returns the completions and the number of forward passes.
     `processed(logits, T, top_p)` gives the sampling distribution's logits. `compact`:
     finished rows leave the batch (a long-tail batch is mostly finished rows; kept only to
     measure what that is worth)."""
@@ -174,7 +176,8 @@ def speculative_sample(
         input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
     )
     past = out.past_key_values
-    logits = out.logits[:, -1:].float()  # (R, 1, V)
+    logits = out.logits[:, -1:].float()  # (P, 1, V)
+    logits, mask, pos = repeat_rows(n // ids.shape[0], past, logits, mask, pos)  # (R, ...)
     logp = torch.log_softmax(processed(logits, params.temperature, params.top_p), -1)
     nxt = draw(logp[:, 0].exp(), uniforms(n, gen, dev))  # (R,)
     next_pos = pos[:, -1] + 1  # (R,) where the pending token goes

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.rollout.sampling import draw, draw_rows, processed_logits, uniforms
+from engines.rollout.sampling import draw, draw_rows, processed_logits, repeat_rows, uniforms
 
 # entries 0 and 2 have no mass (as a top-p-masked token has); 1 and 3 share it 1:3
 PROBS = torch.tensor([[0.0, 0.25, 0.0, 0.75]])
@@ -72,3 +72,24 @@ def test_processed_logits_leaves_the_logits_at_temperature_one_and_masks_outside
     assert processed_logits(logits, 2.0, 1.0).tolist() == [[1.0, 0.5, 0.0, -0.5]]
     nucleus = processed_logits(logits, 1.0, 0.7)  # p ≈ .64, .24, .09, .03: two reach 0.7
     assert torch.isinf(nucleus[0, 2:]).all() and torch.isfinite(nucleus[0, :2]).all()
+
+
+def test_repeat_rows_repeats_a_prompts_cache_and_tensors_together() -> None:
+    """P prompts' prefill → P·n rows, prompt p's copies at rows p·n … p·n + n − 1 (the order
+    in which the loop lays out a prompt's samples), in the cache and every tensor alike."""
+    from transformers import DynamicCache
+
+    keys = torch.arange(2 * 3, dtype=torch.float32).reshape(2, 1, 3, 1)  # (P, heads, L, dim)
+    cache = DynamicCache()
+    cache.update(keys, keys + 100, layer_idx=0)
+    logits = torch.tensor([[0.0, 1.0], [2.0, 3.0]])  # (P, V)
+    (out,) = repeat_rows(3, cache, logits)
+    assert out.tolist() == [[0.0, 1.0]] * 3 + [[2.0, 3.0]] * 3
+    k = cache.layers[0].keys
+    assert k.shape == (6, 1, 3, 1)
+    assert torch.equal(k[:3], keys[:1].expand(3, -1, -1, -1))
+    assert torch.equal(k[3:], keys[1:].expand(3, -1, -1, -1))
+    assert torch.equal(cache.layers[0].values, k + 100)
+    same = torch.ones(2, 4)
+    assert repeat_rows(1, cache, same)[0] is same  # one sample a prompt: nothing to repeat
+    assert cache.layers[0].keys.shape[0] == 6
