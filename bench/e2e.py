@@ -21,6 +21,18 @@ balancing / flex), `prefect_overhead` (1 − flex-on-Dask step_s / flex step_s: 
 default's per-step Prefect task runs cost over plain Dask futures) and
 `prefect_per_node_overhead` (the same for a Prefect task run per node).
 
+`flex-auto` and `sync-auto` run each time on a cluster of their own, with no cluster
+settings: the layout `flexmarl train` chooses for the MEG and the machine
+(`flows.cluster.layout`; on 2 cores a rollout worker per agent up to one per core, and a
+training worker), against the shared two-worker cluster of `flex` and `sync`
+(`layout_gain_flex`, `layout_gain_sync`).
+
+Every arm also reports the machine's busy cores over its window (`cores_busy`, machine-wide
+CPU time: `bench.cores`) and its work a step in core-seconds (`work_core_s`).
+`bound_<arm>_over_marti` is marti-like's step over the fastest step any schedule doing
+`<arm>`'s work could have on this machine's cores: no schedule beats marti-like by more
+without doing less work.
+
 `--repeats R` runs the whole list of arms R times, interleaved (arm order A B C, A B C, ...),
 and reports per arm the median over repeats: machine-wide slowdowns (a shared VM) then hit
 every arm alike instead of whichever arm happened to run at the time.
@@ -38,11 +50,13 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 from rich.console import Console
 from rich.table import Table
 
 from bench.common import cpu_model, train_run, write_results
+from bench.cores import CoreSampler
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
@@ -56,8 +70,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "sync-prefect-per-node": {"mode": "sync", "executor": "prefect"},
     "marti-like": {"mode": "sync", "balance": False, "cluster": "per-agent"},
     "flex-elastic": {"mode": "flex", "elastic": True},
+    "flex-auto": {"mode": "flex", "cluster": "auto"},
+    "sync-auto": {"mode": "sync", "cluster": "auto"},
 }
 PER_AGENT = "per-agent"
+AUTO = "auto"  # no cluster given: the run starts the one flows.cluster.layout chooses
 
 
 def per_agent_cluster(n_agents: int) -> ClusterConfig:
@@ -98,21 +115,43 @@ def idle_ratio(
     return round(1 - busy / ((end - begin) * workers), 4) if end > begin else 0.0
 
 
+def timeline_roles(tasks: list[dict[str, Any]]) -> tuple[int, int]:
+    """How many workers ran rollout tasks and how many training tasks (a run on a cluster of
+    its own, whose layout the run chose)."""
+    rollout, train = ({t["worker"] for t in tasks if t["phase"] in p} for p in ROLE_PHASES.values())
+    return len(rollout), len(train)
+
+
 def steady_state(
-    summary: dict[str, Any], run_dir: Path, roles: tuple[int, int] = (1, 1)
+    summary: dict[str, Any],
+    run_dir: Path,
+    roles: tuple[int, int] | None = (1, 1),
+    cores: CoreSampler | None = None,
 ) -> dict[str, float]:
     """step_s over steps ≥ 1 (step 0 pays model loading) and utilization over the same
     window: from the end of step 0 to the end of the run, each task clipped to the window (a
     flex or async step-1 task may start while step 0 still trains). `roles`: how many
-    workers roll out and how many train (a colocated worker counts in both)."""
+    workers roll out and how many train (a colocated worker counts in both; None: read from
+    the timeline). `cores`: the machine's busy cores over the window (`bench.cores`), and
+    the step's work in core-seconds."""
     rows = [r for r in summary["per_step"] if r["step"] >= 1]
     tasks = json.loads((run_dir / "timeline.json").read_text())
     begin = max(t["end"] for t in tasks if t["phase"] == "optimizer_step" and t["step"] == 0)
     end = max(t["end"] for t in tasks)
     busy = sum(max(0.0, min(t["end"], end) - max(t["start"], begin)) for t in tasks)
     wall = end - begin
+    roles = roles or timeline_roles(tasks)
+    step_s = round(statistics.median(r["wall_s"] for r in rows), 3)
+    used = cores.busy(begin, end) if cores is not None else None
+    machine = (
+        {}
+        if used is None
+        else {"cores_busy": round(used, 3), "work_core_s": round(used * step_s, 3)}
+    )
     return {
-        "step_s": round(statistics.median(r["wall_s"] for r in rows), 3),
+        **machine,
+        "workers": list(roles),
+        "step_s": step_s,
         "utilization": round(busy / (wall * summary["workers"]), 4) if wall > 0 else 0.0,
         "rollout_idle": idle_ratio(tasks, ROLE_PHASES["rollout"], begin, end, roles[0]),
         "trainer_idle": idle_ratio(tasks, ROLE_PHASES["train"], begin, end, roles[1]),
@@ -122,7 +161,16 @@ def steady_state(
     }
 
 
-MEDIANS = ("step_s", "utilization", "rollout_idle", "trainer_idle", "wall_s", "team_reward_last")
+MEDIANS = (
+    "step_s",
+    "utilization",
+    "rollout_idle",
+    "trainer_idle",
+    "wall_s",
+    "team_reward_last",
+    "cores_busy",
+    "work_core_s",
+)
 
 
 def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -131,6 +179,8 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
         k: round(statistics.median(r[k] for r in runs), 4) for k in MEDIANS if k in runs[0]
     }
     out["violations"] = max(r["violations"] for r in runs)
+    if "workers" in runs[0]:
+        out["workers"] = runs[0]["workers"]  # the same layout in every repeat
     if len(runs) > 1:
         out["step_s_repeats"] = [r["step_s"] for r in runs]
     return out
@@ -157,6 +207,10 @@ RATIOS: dict[str, tuple[str, str, int]] = {
     "balance_gain": ("flex-nobalance", "flex", 3),
     "async_gain": ("flex", "async-1", 3),
     "elastic_gain": ("flex", "flex-elastic", 3),
+    "layout_gain_flex": ("flex", "flex-auto", 3),
+    "layout_gain_sync": ("sync", "sync-auto", 3),
+    "speedup_flex_auto_vs_marti": ("marti-like", "flex-auto", 3),
+    "speedup_flex_auto_vs_sync_auto": ("sync-auto", "flex-auto", 3),
     "prefect_overhead": ("flex-dask", "flex", 4),
     "prefect_per_node_overhead": ("flex-dask", "flex-prefect-per-node", 4),
     "speedup_flex_vs_sync_per_node": ("sync-prefect-per-node", "flex-prefect-per-node", 3),
@@ -175,6 +229,14 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def bound_over(arms: dict[str, dict[str, Any]], arm: str, baseline: str, cpus: int) -> float | None:
+    """The most any schedule doing `arm`'s work a step could beat `baseline` by on `cpus`
+    cores: baseline step / (arm's core-seconds a step / cpus)."""
+    if arm not in arms or baseline not in arms or "work_core_s" not in arms[arm]:
+        return None
+    return round(arms[baseline]["step_s"] * cpus / arms[arm]["work_core_s"], 3)
+
+
 def run(
     workloads: list[str],
     model: str,
@@ -187,18 +249,20 @@ def run(
 ) -> dict[str, Any]:
     """All arms on every workload; `pictures`: where to keep the sync and flex timelines and
     every run's timeline and summary (`e2e_runs/`). Arms share one cluster (1 rollout + 1
-    training worker) except `marti-like`, which gets one colocated worker per agent."""
+    training worker) except `marti-like`, which gets one colocated worker per agent, and the
+    `*-auto` arms, each run on a cluster of its own that the run lays out itself."""
+    cpus = psutil.cpu_count() or 1
     results: dict[str, Any] = {
         "date": str(date.today()),
         "machine": platform.node(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": cpus,
         "cpu": cpu_model(),
         "steps": steps,
         "episodes_per_step": episodes,
         "repeats": repeats,
         "workloads": {},
     }
-    with prefect_api(), dask_cluster(ClusterConfig()) as shared:
+    with prefect_api(), dask_cluster(ClusterConfig()) as shared, CoreSampler() as cores:
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes)
             n = n_agents(cfg)
@@ -208,18 +272,29 @@ def run(
                     for arm in arms:
                         kw = ARMS[arm]
                         params = {k: v for k, v in kw.items() if k != "cluster"}
-                        own = kw.get("cluster") == PER_AGENT
-                        workers, roles = (per_agent, (n, n)) if own else (shared, (1, 1))
+                        address, roles = {
+                            PER_AGENT: (per_agent.address, (n, n)),
+                            AUTO: (None, None),
+                        }.get(kw.get("cluster", ""), (shared.address, (1, 1)))
                         run_dir = work / f"{wl}-{arm}-{r}"
-                        out = train_run(cfg, run_dir, workers.address, **params)
-                        runs[arm].append(steady_state(out, run_dir, roles))
+                        out = train_run(cfg, run_dir, address, **params)
+                        runs[arm].append(steady_state(out, run_dir, roles, cores))
                         if pictures is not None:
                             keep_run(run_dir, pictures / "e2e_runs", f"{wl}-{arm}-{r}")
                             if arm in ("sync", "flex"):
                                 png = pictures / f"timeline_{wl}_{arm}.png"
                                 shutil.copy(run_dir / "timeline.png", png)
             measured = {arm: median_of(rs) for arm, rs in runs.items()}
-            results["workloads"][wl] = {"agents": n, "arms": measured, **ratios(measured)}
+            bounds = {
+                f"bound_{arm}_over_marti": bound_over(measured, arm, "marti-like", cpus)
+                for arm in ("flex", "flex-auto")
+            }
+            results["workloads"][wl] = {
+                "agents": n,
+                "arms": measured,
+                **ratios(measured),
+                **{k: v for k, v in bounds.items() if v is not None},
+            }
     return results
 
 
@@ -230,21 +305,25 @@ def render(results: dict[str, Any]) -> None:
             title=f"{wl}: {results['steps']} steps × {results['episodes_per_step']} "
             f"episodes, median step time over steps ≥ 1 (median of {results['repeats']} runs)"
         )
-        cols = ("arm", "step_s", "utilization", "rollout idle", "trainer idle", "violations")
-        for col in (*cols, "team reward (last)"):
+        cols = ("arm", "workers", "step_s", "utilization", "rollout idle", "trainer idle")
+        for col in (*cols, "cores busy", "core-s a step", "violations", "team reward (last)"):
             t.add_column(col, justify="left" if col == "arm" else "right")
         for arm, m in r["arms"].items():
             t.add_row(
                 arm,
+                "{} + {}".format(*m["workers"]) if "workers" in m else "-",
                 f"{m['step_s']:.2f}",
                 f"{m['utilization']:.2f}",
                 f"{m['rollout_idle']:.2f}",
                 f"{m['trainer_idle']:.2f}",
+                f"{m['cores_busy']:.2f}" if "cores_busy" in m else "-",
+                f"{m['work_core_s']:.2f}" if "work_core_s" in m else "-",
                 str(m["violations"]),
                 f"{m['team_reward_last']:.3f}",
             )
         con.print(t)
-        con.print(", ".join(f"{k} {r[k]}" for k in (*RATIOS, "idle_share_flex") if k in r))
+        keys = (*RATIOS, "idle_share_flex", "bound_flex_over_marti", "bound_flex-auto_over_marti")
+        con.print(", ".join(f"{k} {r[k]}" for k in keys if k in r))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

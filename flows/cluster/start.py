@@ -38,7 +38,12 @@ class ClusterConfig(BaseModel):
     scheduler: str | None = Field(
         None, description="tcp://HOST:PORT of an existing Dask scheduler to join"
     )
-    rollout_workers: int = Field(1, ge=1, description="rollout workers of a local cluster")
+    rollout_workers: int = Field(
+        1,
+        ge=1,
+        description="rollout workers of a local cluster. A run given no cluster setting lays "
+        "its cluster out for its MEG and the machine (flows.cluster.layout; docs/clusters.md)",
+    )
     train_workers: int = Field(1, ge=1, description="training workers of a local cluster")
     colocate: bool = Field(False, description="every worker does both rollout and training")
     cluster_class: str = Field(
@@ -66,8 +71,8 @@ class ClusterConfig(BaseModel):
     cores: int | None = Field(
         None,
         ge=1,
-        description="cores the default layout of a one-agent on-policy run plans for "
-        "(default: the cores this process may use; flows.cluster.layout)",
+        description="cores the layout a run chooses plans for (default: the cores this "
+        "process may use; flows.cluster.layout)",
     )
     train_threads: int | None = Field(
         None,

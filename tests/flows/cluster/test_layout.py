@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from flows.cluster.layout import default_layout, describe, engine_bytes, usable_cores
+from flows.cluster.layout import default_layout, describe, engine_bytes, for_meg, usable_cores
 from flows.cluster.start import ClusterConfig
 
 GIB = 1 << 30
 
 
-def layout(cfg: ClusterConfig, agents: int, mode: str, mbs: int) -> ClusterConfig:
-    """`default_layout` for a 1 GiB engine on a 64 GiB machine (memory never binds)."""
-    return default_layout(cfg, agents, mode, mbs, per_engine=GIB, ram=64 * GIB)
+def layout(
+    cfg: ClusterConfig, agents: int, mode: str, mbs: int, units: int | None = None
+) -> ClusterConfig:
+    """`default_layout` for a 1 GiB engine on a 64 GiB machine (memory never binds); every
+    agent has weights of its own unless `units` says fewer."""
+    return default_layout(cfg, agents, units or agents, mode, mbs, per_engine=GIB, ram=64 * GIB)
 
 
 def test_a_one_agent_on_policy_run_spreads_over_the_cores() -> None:
@@ -30,8 +33,8 @@ def test_a_one_agent_on_policy_run_spreads_over_the_cores() -> None:
 @pytest.mark.parametrize(
     ("given", "agents", "mode"),
     [
-        (ClusterConfig(cores=4), 2, "flex"),  # several agents keep both workers busy
-        (ClusterConfig(cores=4), 1, "async"),  # so does async: rollout overlaps training
+        (ClusterConfig(cores=4), 1, "async"),  # async: rollout overlaps training already
+        (ClusterConfig(cores=4), 3, "async"),
         (ClusterConfig(cores=1), 1, "flex"),  # one core: nothing to spread
         (ClusterConfig(cores=4, scheduler="tcp://127.0.0.1:1"), 1, "flex"),  # not ours
         (ClusterConfig(cores=4, colocate=True), 1, "flex"),
@@ -56,9 +59,11 @@ def test_memory_bounds_the_rollout_engines(tiny_model: str) -> None:
     rollout workers, not 16; one that does not fit still gets one; a model whose size is
     unknown (nothing to measure) keeps the cluster it was given."""
     wide = ClusterConfig(cores=16)
-    assert default_layout(wide, 1, "flex", 16, 10 * GIB, 64 * GIB).rollout_workers == 3
-    assert default_layout(wide, 1, "flex", 16, 80 * GIB, 64 * GIB).rollout_workers == 1
-    assert default_layout(wide, 1, "flex", 16, None, 64 * GIB) is wide
+    assert default_layout(wide, 1, 1, "flex", 16, 10 * GIB, 64 * GIB).rollout_workers == 3
+    assert default_layout(wide, 1, 1, "flex", 16, 80 * GIB, 64 * GIB).rollout_workers == 1
+    assert default_layout(wide, 1, 1, "flex", 16, None, 64 * GIB) is wide
+    assert default_layout(wide, 8, 8, "flex", 2, 10 * GIB, 64 * GIB).rollout_workers == 3
+    assert default_layout(wide, 8, 8, "flex", 2, 40 * GIB, 64 * GIB) is wide  # one engine
     size = engine_bytes(tiny_model)
     weights = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
     assert size is not None and size > 2 * weights
@@ -66,10 +71,67 @@ def test_memory_bounds_the_rollout_engines(tiny_model: str) -> None:
 
 
 def test_the_line_it_prints_names_the_layout_and_the_way_out() -> None:
-    line = describe(layout(ClusterConfig(cores=4), 1, "flex", 2), 2)
-    assert "2 rollout worker(s)" in line and "4 threads" in line
+    line = describe(layout(ClusterConfig(cores=4), 1, "flex", 2), 1, 2)
+    assert line.startswith("layout: one agent, on-policy, 4 cores: 2 rollout worker(s)")
+    assert "training worker of 4 thread(s)" in line
     assert "--rollout-workers" in line and "--micro-batches 4" in line
-    assert "--micro-batches" not in describe(layout(ClusterConfig(cores=2), 1, "flex", 2), 2)
+    assert "--micro-batches" not in describe(layout(ClusterConfig(cores=2), 1, "flex", 2), 1, 2)
+    team = describe(layout(ClusterConfig(cores=2), 5, "sync", 2), 5, 2)
+    assert team.startswith("layout: 5 agents, 2 cores: 2 rollout worker(s) of 1 thread")
+    assert "training worker of 1 thread(s)" in team and "--micro-batches" not in team
+
+
+@pytest.mark.parametrize(
+    ("cores", "agents", "units", "rollout", "train"),
+    [
+        (2, 5, 5, 2, 1),  # fanout on 2 cores: a rollout worker a core, the trainer beside
+        (2, 2, 2, 2, 1),  # math-chain: solver and verifier generate side by side
+        (4, 2, 2, 2, 2),  # the cores the rollout workers leave go to the trainer
+        (16, 5, 5, 5, 11),  # one rollout worker per unit: a unit's model is resident on one
+        (8, 5, 3, 3, 5),  # LoRA agents that share a base are one unit, one engine
+    ],
+)
+def test_a_multi_agent_run_gets_a_rollout_worker_per_unit_and_core(
+    cores: int, agents: int, units: int, rollout: int, train: int
+) -> None:
+    for mode in ("flex", "sync"):
+        cfg = layout(ClusterConfig(cores=cores), agents, mode, 2, units)
+        assert (cfg.rollout_workers, cfg.train_threads, cfg.train_workers) == (rollout, train, 1)
+        assert cfg.threads is None and not cfg.colocate and cfg.scheduler is None
+
+
+def test_lora_agents_on_one_base_keep_the_two_worker_cluster() -> None:
+    """One unit serves every agent: a second rollout worker would hold a second copy of the
+    base for no agent of its own, and the one-agent spread assumes no agent trains while
+    another generates."""
+    given = ClusterConfig(cores=4)
+    assert layout(given, 3, "flex", 4, units=1) is given
+
+
+def test_for_meg_reads_the_units_and_sizes_of_a_real_spec(tmp_path: Path, tiny_model: str) -> None:
+    """`for_meg` on real MEGs: math-chain's two agents get two rollout workers; the same MEG
+    with both agents LoRA on one base keeps its cluster; a hub model whose size is not on
+    disk keeps it too."""
+    import yaml
+
+    from meg import load_meg
+    from workloads import BUILTIN
+
+    def spec_with(**agent: object) -> object:
+        data = yaml.safe_load(BUILTIN["math-chain"].read_text())
+        for a in data["agents"].values():
+            a.update(model=tiny_model, **agent)
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return load_meg(path)
+
+    given = ClusterConfig(cores=2)
+    cluster, line = for_meg(spec_with(), given)  # type: ignore[arg-type]
+    assert (cluster.rollout_workers, cluster.train_threads) == (2, 1)
+    assert line is not None and line.startswith("layout: 2 agents, 2 cores")
+    lora = spec_with(lora={"r": 4})
+    assert for_meg(lora, given) == (given, None)  # type: ignore[arg-type]
+    assert for_meg(spec_with(), ClusterConfig(cores=2, rollout_workers=1))[1] is None  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
