@@ -4,7 +4,9 @@
                             [--model DIR] [--seed S] [--json PATH]
 
 Every arm trains the warm-started `code-repair` team (coder → run_tests → reviewer, up to
-3 rounds) for the same steps, with the same seed, on a fresh default local cluster:
+3 rounds) for the same steps, with the same seed, on a fresh local cluster laid out as a
+run with no cluster settings lays it out (`flows.cluster.layout`; on 2 cores a rollout worker
+per agent and a training worker, except in async mode):
 
 - `early`: the workload as it is (flex; the reviewer's `yes` stops the loop; the coder's
   credit `episode`).
@@ -26,7 +28,9 @@ Keys: `early_stop_step_time_ratio` (`early` over `forced`), `flex_over_sync_agen
 rollouts whose first round failed a test, the fraction the repair rounds fixed: what the
 repair turn itself learned), `crbc_vs_episode_reward_delta` (held-out `final_reward` of
 `crbc` minus `early`'s), `crbc_vs_episode_solved_delta` and
-`crbc_vs_episode_repaired_delta`.
+`crbc_vs_episode_repaired_delta`. Per arm also the machine's busy cores and the step's work
+in core-seconds (`bench.cores`), and `bound_flex_over_sync_agentic`: sync's step over the
+fastest step any schedule doing `early`'s work could have on this machine's cores.
 `--small` (the test suite): 2 steps × 2 episodes, 4 held-out tasks, a 2-step warm start,
 one shared cluster.
 """
@@ -34,7 +38,6 @@ one shared cluster.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 from contextlib import ExitStack
 from datetime import date
@@ -42,9 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import yaml
 
 from bench.common import cpu_model, train_run, write_results
+from bench.cores import CoreSampler
 from bench.e2e import steady_state
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from storage.schema import SKIPPED
@@ -96,17 +101,16 @@ def heldout(cfg: Path, checkpoint: Path | None, tasks: int) -> dict[str, float]:
 
 
 def run_arm(
-    arm: str, cfg: Path, run_dir: Path, scheduler: str | None, tasks: int
+    arm: str, cfg: Path, run_dir: Path, scheduler: str | None, tasks: int, cores: CoreSampler
 ) -> dict[str, Any]:
-    if scheduler is not None:
-        out = train_run(cfg, run_dir, scheduler)
-    else:
-        with dask_cluster(ClusterConfig()) as workers:
-            out = train_run(cfg, run_dir, workers.address)
-    st = steady_state(out, run_dir)
+    """One arm's run (on the cluster at `scheduler`, or with none given on a cluster of its
+    own that the run lays out) and its numbers; the held-out outcome for `early`/`crbc`."""
+    out = train_run(cfg, run_dir, scheduler)
+    st = steady_state(out, run_dir, None, cores)
     rewards = [r["team_reward"] for r in out["per_step"]]
     result: dict[str, Any] = {
         "step_s": st["step_s"],
+        **{k: st[k] for k in ("workers", "cores_busy", "work_core_s") if k in st},
         "rounds_taken": rounds_taken(out),
         "team_reward_last3": round(float(np.mean(rewards[-3:])), 4),
         "violations": st["violations"],
@@ -116,9 +120,18 @@ def run_arm(
     return result
 
 
-def ratios(arms: dict[str, dict[str, Any]], before: dict[str, float]) -> dict[str, float]:
+def ratios(
+    arms: dict[str, dict[str, Any]], before: dict[str, float], cpus: int
+) -> dict[str, float]:
+    """The bench's keys; `bound_flex_over_sync_agentic`: sync's step over the fastest step
+    any schedule doing `early`'s work a step could have on `cpus` cores (bench.cores)."""
     early, forced, sync, crbc = (arms[a] for a in ARMS)
-    return {
+    bound = (
+        {"bound_flex_over_sync_agentic": round(sync["step_s"] * cpus / early["work_core_s"], 4)}
+        if early.get("work_core_s")
+        else {}
+    )
+    return bound | {
         "early_stop_step_time_ratio": round(early["step_s"] / forced["step_s"], 4),
         "flex_over_sync_agentic": round(sync["step_s"] / early["step_s"], 4),
         "heldout_pass_rate_before": before["solved"],
@@ -162,25 +175,25 @@ def run(
         "date": str(date.today()),
         "machine": platform.node(),
         "cpu": cpu_model(),
-        "cpus": os.cpu_count(),
+        "cpus": psutil.cpu_count(),
         "steps": steps,
         "episodes_per_step": episodes,
         "heldout_tasks": tasks,
         "seed": seed,
     }
-    with prefect_api(), ExitStack() as stack:
+    with prefect_api(), ExitStack() as stack, CoreSampler() as cores:
         model = model or build_model(work, warm_steps)
         cluster = stack.enter_context(dask_cluster(ClusterConfig())) if shared else None
         address = None if cluster is None else cluster.address
         arms = {}
         for arm in ARMS:
             cfg = config_copy(arm, model, work, steps, episodes, seed)
-            arms[arm] = run_arm(arm, cfg, work / f"run-{arm}", address, tasks)
+            arms[arm] = run_arm(arm, cfg, work / f"run-{arm}", address, tasks, cores)
             print(f"{arm}: {arms[arm]}")
         before = heldout(config_copy("early", model, work, steps, episodes, seed), None, tasks)
     results["arms"] = arms
     results["heldout_before"] = before
-    return results | ratios(arms, before)
+    return results | ratios(arms, before, psutil.cpu_count() or 1)
 
 
 def table(results: dict[str, Any]) -> Any:

@@ -26,3 +26,10 @@ def test_agentic_bench_small(tmp_path: Path) -> None:
     assert res["arms"]["forced"]["rounds_taken"] == 1.0
     assert res["arms"]["early"]["rounds_taken"] <= 1.0
     assert {"final_reward", "solved", "repaired"} <= set(res["arms"]["crbc"]["heldout"])
+    # the machine's cores over each run (bench.cores), and the bound they set
+    for r in res["arms"].values():
+        assert 0 < r["cores_busy"] <= res["cpus"] + 0.05 and r["work_core_s"] > 0
+    early, sync = res["arms"]["early"], res["arms"]["sync"]
+    assert res["bound_flex_over_sync_agentic"] == pytest.approx(
+        sync["step_s"] * res["cpus"] / early["work_core_s"], rel=1e-3
+    )

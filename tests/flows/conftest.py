@@ -101,14 +101,18 @@ def kill_cli_train_when(
     log: Path,
     what: str,
     entry: Sequence[str] = ("-m", "flows.cli"),
+    cluster: Sequence[str] = ("--rollout-workers", "1"),
 ) -> None:
-    """Run `flexmarl train CFG --run-dir RUN_DIR` (`python ENTRY train ...`) as its own
-    process group and SIGKILL all of it (the CLI, its cluster, its workers) once
-    `predicate()` holds; fails with the run's log tail if the run ends first or after 300 s."""
+    """Run `flexmarl train CFG --run-dir RUN_DIR CLUSTER...` (`python ENTRY train ...`) as
+    its own process group and SIGKILL all of it (the CLI, its cluster, its workers) once
+    `predicate()` holds; fails with the run's log tail if the run ends first or after 300 s.
+    `cluster`: the cluster flags, by default the two-worker cluster (these tests are about
+    resume; every further rollout worker is one more engine to start, ~15 s of a test on 2
+    cores); `()` lets the run lay its cluster out itself."""
     env = {**os.environ, "PREFECT_API_URL": api}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, *entry, "train", str(cfg), "--run-dir", str(run_dir)],
+            [sys.executable, *entry, "train", str(cfg), "--run-dir", str(run_dir), *cluster],
             env=env,
             start_new_session=True,
             stdout=out,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -80,15 +81,14 @@ def test_sigkill_then_resume_finishes_without_duplicates(
     )
     run_dir = tmp_path / "run"
 
+    log = tmp_path / "run.log"
+    # no cluster flags: the run is killed on the layout it chose (a rollout worker per agent)
     kill_cli_train_when(
-        _in_step_two(run_dir),
-        cfg,
-        run_dir,
-        prefect_server,
-        tmp_path / "run.log",
-        "the run to reach step 2",
+        _in_step_two(run_dir), cfg, run_dir, prefect_server, log, "step 2", cluster=()
     )
     assert not (run_dir / "summary.json").exists()
+    laid_out = re.search(r"layout: 2 agents, \d+ cores: 2 rollout worker", log.read_text())
+    assert laid_out or len(os.sched_getaffinity(0)) < 2
 
     # the resume joins the session's cluster (a fresh one would only cost its start-up)
     where = ClusterConfig(scheduler=cluster)
