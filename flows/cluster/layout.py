@@ -19,7 +19,8 @@ each. On a machine of C ≥ 2 cores `default_layout` chooses instead, by the sha
   (an Intel VM, 2026-12-06, `bench/e2e.py`'s `*-auto` arms, docs/benchmarks.md): fanout's
   step 1.14× (flex) and 1.23× (sync) faster than on the two-worker cluster, math-chain's
   1.02–1.03× (1.04–1.08× in earlier runs); fanout flex kept 1.77 of the 2 cores busy
-  against 1.59.
+  against 1.59. The cost is the first step: the engines start side by side, ~7 s more for
+  math-chain on 2 cores, so a run of its size gains from ~90 steps on.
 - **Async runs** keep the two-worker cluster: their rollout already overlaps training and
   their trainer is the busy side, so a second rollout worker only takes its core (fanout,
   async η = 1, same VM: 0.86 and 1.02 s a step on two workers, 1.00 and 0.97 s with two
