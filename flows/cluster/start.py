@@ -60,7 +60,9 @@ class ClusterConfig(BaseModel):
         "other GPUs. Ignored on CPU workers",
     )
     memory_limit: str = Field(
-        "auto", description="per-worker memory limit of a local cluster (auto: RAM / workers)"
+        "auto",
+        description="per-worker memory limit of a local cluster (auto: RAM / workers, or "
+        "RAM / cores where the cores are fewer)",
     )
     threads: int | None = Field(
         None,
@@ -238,20 +240,38 @@ def split_workers(info: dict[str, dict[str, Any]], scheduler: str) -> Workers:
     return Workers(scheduler, rollout, train, pins)
 
 
+def auto_memory_limit(ram: int, workers: int, cores: int) -> int:
+    """Each local worker's memory limit under `memory_limit: auto`: the machine's memory
+    shared by its workers, or by its cores where they are fewer. Dask's own "auto" for a
+    one-thread worker is RAM / cores whatever the workers: on 16 cores a training worker of
+    a two-worker cluster was capped at 1/16 of the RAM (and paused at 80% of that), while a
+    run lays out at most a worker per core plus its trainer. Limits are caps, not
+    reservations: their sum may exceed the RAM, as with Dask's."""
+    return ram // max(1, min(workers, cores))
+
+
 def _start_local(cfg: ClusterConfig) -> Any:
     """A LocalCluster-family cluster (any SpecCluster subclass) with one worker per role."""
+    from dask.system import CPU_COUNT
+    from distributed.system import MEMORY_LIMIT
+
     cls = _import(cfg.cluster_class)
+    workers = roles(cfg)
     kwargs: dict[str, Any] = {
         "n_workers": 0,
         "threads_per_worker": 1,
         "processes": True,
         "dashboard_address": "127.0.0.1:0",  # a free port: 8787 may be taken
-        "memory_limit": cfg.memory_limit,
+        "memory_limit": (
+            auto_memory_limit(MEMORY_LIMIT, len(workers), CPU_COUNT)
+            if cfg.memory_limit == "auto"
+            else cfg.memory_limit
+        ),
     }
     if cfg.cluster_class.endswith("LocalCluster"):
         kwargs["host"] = "127.0.0.1"
     cluster = cls(**kwargs)
-    for name, resources in roles(cfg).items():
+    for name, resources in workers.items():
         # the class's own spec for its next worker: dask-cuda's rotates CUDA_VISIBLE_DEVICES
         # there, so each worker sees its own GPU first (as cuda:0)
         ((_, template),) = cluster.new_worker_spec().items()

@@ -34,6 +34,28 @@ def test_workers_keep_glibc_malloc_defaults(cluster: str) -> None:
         assert env["OMP_NUM_THREADS"] is not None  # Dask's pre-spawn value: one thread
 
 
+def test_memory_limits_share_the_ram_between_the_workers(cluster: str) -> None:
+    """`memory_limit: auto` gives each local worker RAM / workers, or RAM / cores where the
+    cores are fewer (Dask's own auto is RAM / cores: 1/16 of the RAM on 16 cores, for a
+    trainer too); an explicit limit is passed through."""
+    from dask.system import CPU_COUNT
+    from distributed.system import MEMORY_LIMIT
+
+    from flows.cluster.start import ClusterConfig, auto_memory_limit, dask_cluster
+
+    gib = 1 << 30
+    assert auto_memory_limit(64 * gib, 2, 16) == 32 * gib  # the two-worker cluster
+    assert auto_memory_limit(64 * gib, 6, 16) == 64 * gib // 6  # a laid-out team
+    assert auto_memory_limit(24 * gib, 3, 2) == 12 * gib  # as Dask: fewer cores than workers
+    with Client(cluster) as client:
+        limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    assert limits == [auto_memory_limit(MEMORY_LIMIT, 2, CPU_COUNT)] * 2
+    own = ClusterConfig(colocate=True, memory_limit="1.5GiB")
+    with dask_cluster(own) as workers, Client(workers.address) as client:
+        (info,) = client.scheduler_info()["workers"].values()
+    assert info["memory_limit"] == int(1.5 * gib)
+
+
 def test_only_the_malloc_setting_leaves_the_nanny_environment() -> None:
     before = _get_env_variables("distributed.nanny.pre-spawn-environ")
     keep_malloc_defaults()
