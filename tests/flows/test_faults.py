@@ -124,6 +124,7 @@ def test_sigkill_of_a_one_node_run_resumes_from_the_store(
         prefect_server,
         tmp_path / "run.log",
         "the run to reach step 2",
+        cluster=(),  # its defaults, the layout included
     )
     assert "layout: one agent, on-policy" in (tmp_path / "run.log").read_text()
     from engines.training.checkpoint_index import committed_checkpoints
