@@ -50,7 +50,7 @@ import yaml
 
 from bench.common import cpu_model, train_run, write_results
 from bench.cores import CoreSampler
-from bench.e2e import steady_state
+from bench.e2e import bound_over, steady_state
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from storage.schema import SKIPPED
 from storage.store import MEGStore
@@ -126,12 +126,8 @@ def ratios(
     """The bench's keys; `bound_flex_over_sync_agentic`: sync's step over the fastest step
     any schedule doing `early`'s work a step could have on `cpus` cores (bench.cores)."""
     early, forced, sync, crbc = (arms[a] for a in ARMS)
-    bound = (
-        {"bound_flex_over_sync_agentic": round(sync["step_s"] * cpus / early["work_core_s"], 4)}
-        if early.get("work_core_s")
-        else {}
-    )
-    return bound | {
+    bound = bound_over(arms, "early", "sync", cpus)
+    return ({} if bound is None else {"bound_flex_over_sync_agentic": bound}) | {
         "early_stop_step_time_ratio": round(early["step_s"] / forced["step_s"], 4),
         "flex_over_sync_agentic": round(sync["step_s"] / early["step_s"], 4),
         "heldout_pass_rate_before": before["solved"],

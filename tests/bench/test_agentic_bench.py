@@ -31,5 +31,5 @@ def test_agentic_bench_small(tmp_path: Path) -> None:
         assert 0 < r["cores_busy"] <= res["cpus"] + 0.05 and r["work_core_s"] > 0
     early, sync = res["arms"]["early"], res["arms"]["sync"]
     assert res["bound_flex_over_sync_agentic"] == pytest.approx(
-        sync["step_s"] * res["cpus"] / early["work_core_s"], rel=1e-3
+        sync["step_s"] * res["cpus"] / early["work_core_s"], rel=1e-2
     )
