@@ -25,7 +25,8 @@ default's per-step Prefect task runs cost over plain Dask futures) and
 settings: the layout `flexmarl train` chooses for the MEG and the machine
 (`flows.cluster.layout`; on 2 cores a rollout worker per agent up to one per core, and a
 training worker), against the shared two-worker cluster of `flex` and `sync`
-(`layout_gain_flex`, `layout_gain_sync`).
+(`layout_gain_flex`, `layout_gain_sync`); `flex-auto-nobalance` is flex-auto without the
+balancer (`balance_gain_auto`: there a team can have more hosts than agents).
 
 Every arm also reports the machine's busy cores over its window (`cores_busy`, machine-wide
 CPU time: `bench.cores`) and its work a step in core-seconds (`work_core_s`).
@@ -72,6 +73,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-elastic": {"mode": "flex", "elastic": True},
     "flex-auto": {"mode": "flex", "cluster": "auto"},
     "sync-auto": {"mode": "sync", "cluster": "auto"},
+    "flex-auto-nobalance": {"mode": "flex", "balance": False, "cluster": "auto"},
 }
 PER_AGENT = "per-agent"
 AUTO = "auto"  # no cluster given: the run starts the one flows.cluster.layout chooses
@@ -211,6 +213,7 @@ RATIOS: dict[str, tuple[str, str, int]] = {
     "layout_gain_sync": ("sync", "sync-auto", 3),
     "speedup_flex_auto_vs_marti": ("marti-like", "flex-auto", 3),
     "speedup_flex_auto_vs_sync_auto": ("sync-auto", "flex-auto", 3),
+    "balance_gain_auto": ("flex-auto-nobalance", "flex-auto", 3),
     "prefect_overhead": ("flex-dask", "flex", 4),
     "prefect_per_node_overhead": ("flex-dask", "flex-prefect-per-node", 4),
     "speedup_flex_vs_sync_per_node": ("sync-prefect-per-node", "flex-prefect-per-node", 3),

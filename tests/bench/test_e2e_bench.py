@@ -20,9 +20,9 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
     # steps async(1) may roll out all of step 1 while step 0 still trains (rollout idle 1.0,
     # seen once the engines were reused between runs); step 2 needs step 0's weights, so its
     # rollout always falls in the window
-    # the *-auto arms each start a cluster of their own (~30 s here); a killed run on the
+    # the `auto` arms each start a cluster of their own (~30 s here); a killed run on the
     # chosen layout is tested in tests/flows/test_faults.py, the arms' parts below
-    arms = [a for a in ARMS if not a.endswith("-auto")]
+    arms = [a for a in ARMS if ARMS[a].get("cluster") != "auto"]
     args = ["--small", "--steps", "3", "--workloads", "math-chain", "--arms", ",".join(arms)]
     res = main([*args, "--json", str(out)])
     assert json.loads(out.read_text()) == res
