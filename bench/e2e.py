@@ -76,6 +76,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-auto-nobalance": {"mode": "flex", "balance": False, "cluster": "auto"},
 }
 PER_AGENT = "per-agent"
+BOUND_ARMS = ("flex", "flex-auto")  # arms whose bound over marti-like is reported
 AUTO = "auto"  # no cluster given: the run starts the one flows.cluster.layout chooses
 
 
@@ -290,7 +291,7 @@ def run(
             measured = {arm: median_of(rs) for arm, rs in runs.items()}
             bounds = {
                 f"bound_{arm}_over_marti": bound_over(measured, arm, "marti-like", cpus)
-                for arm in ("flex", "flex-auto")
+                for arm in BOUND_ARMS
             }
             results["workloads"][wl] = {
                 "agents": n,
@@ -325,7 +326,7 @@ def render(results: dict[str, Any]) -> None:
                 f"{m['team_reward_last']:.3f}",
             )
         con.print(t)
-        keys = (*RATIOS, "idle_share_flex", "bound_flex_over_marti", "bound_flex-auto_over_marti")
+        keys = (*RATIOS, "idle_share_flex", *(f"bound_{arm}_over_marti" for arm in BOUND_ARMS))
         con.print(", ".join(f"{k} {r[k]}" for k in keys if k in r))
 
 

@@ -137,6 +137,8 @@ def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | N
     """The cluster a run of `spec` starts: `given`, or the one `default_layout` chooses when
     the user gave no cluster setting; and the line that says so (None: `given` stands).
     `flexmarl train` prints it before the run starts."""
+    if user_chose(given):  # theirs as given: no engine to size
+        return given, None
     units = weight_units(spec)
     agents = sum(len(u.agents) for u in units)
     mode, mbs = spec.run.mode, spec.run.micro_batches
@@ -151,12 +153,13 @@ def largest_engine(spec: MEGSpec, units: tuple[WeightUnit, ...]) -> int | None:
     from engines.kv_cache import kv_cache_bytes
     from engines.model_files import local_dir
 
+    ram = total_ram()
     sizes = []
     for unit in units:
         path = None if is_hub_name(unit.model) else Path(local_dir(unit.model))
         if path is None or not (path / "config.json").is_file():
             return None
-        size = engine_bytes(path, kv_cache_bytes(spec, unit.agents, path, unit.dtype, total_ram()))
+        size = engine_bytes(path, kv_cache_bytes(spec, unit.agents, path, unit.dtype, ram))
         if size is None:
             return None
         sizes.append(size)
