@@ -29,6 +29,7 @@ from flows.orchestrator.pipeline import Pipeline
 from flows.orchestrator.planning import scoring_plan
 from flows.orchestrator.watch import watch_step
 from flows.report.artifacts import publish, reward_curve, timeline
+from flows.report.logs import orchestrator_logs
 from flows.report.metrics import reward_gain, summary, timings
 from flows.report.progress import Progress
 from flows.report.tracking import active, fan_out, tracking
@@ -211,7 +212,8 @@ def run_pipeline(
     t0 = time.time()
     watchers: list[Any] = []
     track = active(run.ctx.run_id)
-    with Progress(agents, steps - run.start_step, run.start_step) as progress:
+    progress = Progress(agents, steps - run.start_step, run.start_step)
+    with orchestrator_logs(), progress:  # the balancer's and allocator's moves in the log
         on_event = progress if track is None else fan_out(progress, track)
         if track is not None:
             track.start(t0)

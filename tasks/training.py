@@ -29,7 +29,13 @@ from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Url
-from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
+from tasks.accounting import (
+    accumulate_part,
+    acquire,
+    already_stepped,
+    parts_before,
+    read_scored,
+)
 from tasks.context import RunContext, Stopwatch
 from tasks.refs import HandOverRef, StepRef, TrainRef
 from tasks.worker import slots_of, state_of, store_of
@@ -68,7 +74,8 @@ def accumulate_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> T
     if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
         return done(0.0)
     slots = slots_of(ctx)
-    trainer = acquire(ctx, agent, step, mb, trainer_factory(ctx, agent))  # replays what it lost
+    # replays what it lost, and the micro-batches this one must follow
+    trainer = acquire(ctx, agent, step, parts_before(mb), trainer_factory(ctx, agent))
     try:
         loss = 0.0
         if mb not in trainer.accumulated:  # a re-run after the step's kill already has it

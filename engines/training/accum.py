@@ -4,7 +4,9 @@ which rows need a forward pass at all (zero-advantage skipping)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +25,26 @@ def normaliser(mode: str, tokens: int, seqs: int) -> float:
     unit = float(aggregate(one, one, mode, global_tokens=1, global_seqs=1))
     real = float(aggregate(one, one, mode, global_tokens=max(tokens, 1), global_seqs=max(seqs, 1)))
     return unit / real
+
+
+@contextmanager
+def part_rng(seed: int, version: int, part: int, device: str | torch.device) -> Iterator[None]:
+    """Micro-batch `part` of the step from `version` draws its random numbers (LoRA dropout
+    masks) from a stream of its own, seeded by (seed, version, part), and leaves the
+    process's streams as they were.
+
+    So the masks do not depend on the order in which the micro-batches of a step arrive (the
+    first two train in either order, `tasks.accounting.parts_before`), nor on a replay
+    after a worker died: the same step gives the same gradients, bit for bit."""
+    digest = hashlib.blake2b(f"{seed}/{version}/{part}".encode(), digest_size=8).digest()
+    derived = int.from_bytes(digest, "big") >> 1
+    dev = torch.device(device)
+    cuda = [dev.index or 0] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(derived)
+        if cuda:
+            torch.cuda.default_generators[cuda[0]].manual_seed(derived)
+        yield
 
 
 def kept_rows(

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ from engines.training.accum import (
     finish_normalisation,
     kept_rows,
     normaliser,
+    part_rng,
 )
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
@@ -227,7 +229,9 @@ class AgentTrainer:
         # recomputed during backward (activation checkpointing), with the same adapter on
         # and the same autocast state (checkpoint restores it); the backward itself runs
         # outside autocast, as torch recommends, into float32 master gradients
-        with self.policy.active(dropout=True):
+        # its own random stream when its index is known: the order of arrival changes nothing
+        rng = part_rng(cfg.seed, self.version, part, self.device) if part is not None else None
+        with self.policy.active(dropout=True), rng or nullcontext():
             with autocast(self.device, cfg.dtype):
                 logp = token_logprobs(  # (b,T) float32, 0 off the response
                     self.model,

@@ -52,6 +52,14 @@ Across workers (several rollout workers per agent) it would only serialize a nod
 micro-batches: the cluster simulator (bench/sim) found that it made a step of the paper's
 setting wait for 4 long-tail generate times in a row (flex 1.94× slower on a 3-agent chain).
 
+Training has no such edge between an agent's first two micro-batches: whichever is scored
+first trains first (their gradients add up to the same bits in either order;
+`tasks.accounting.parts_before`). Chained, a training worker idled while micro-batch 1 was
+ready and 0 was still generating on another worker: on the TRL peer job (8×4×32, two rollout
+workers) micro-batch 1 came first in about half the steps, and without the edge the step
+took 4–7% less (docs/training.md), with the same final weights bit for bit. From the third
+on, a micro-batch waits for all before it.
+
 The same race lets a training worker run one other ready micro-batch between an agent's last
 micro-batch and its optimizer step. Chaining the optimizer steps in need order would close it
 but makes agents whose data is ready wait behind one whose data is not (a team reward is
@@ -62,7 +70,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import astuple
 from typing import Any
 
 from flows.cluster.start import Workers
@@ -71,6 +78,7 @@ from flows.orchestrator.futures import Futures, StepLog
 from flows.orchestrator.placement import Placement, host_worker
 from flows.orchestrator.planning import EpisodePlanner, scoring_plan
 from meg import ScoreGroup, expand_episode, score_groups
+from tasks.accounting import parts_before
 from tasks.context import RunContext
 from tasks.failures import FailureBudget
 from tasks.refs import Episode, ScoreRef
@@ -233,11 +241,13 @@ class Pipeline:
         for rank, agent in enumerate(self.agents):
             chain = self.futures.resolved(steps.get((agent, k - 1)))
             worker = self.place.train_worker(agent, k)
-            chain = self._hand_over(agent, k, worker, chain, rank * (m + 1))
+            start = self._hand_over(agent, k, worker, chain, rank * (m + 1))
             for j in range(m):
-                deps = (*self.scores_for(agent, k, j),) + ((chain,) if chain is not None else ())
+                before = [trains[(agent, k, i)] for i in range(parts_before(j))]
+                deps = (*self.scores_for(agent, k, j), *before)
+                deps += (start,) if start is not None else ()
                 kwargs = dict(ctx=self.ctx, agent=agent, step=k, mb=j, after=deps)
-                chain = trains[(agent, k, j)] = self._submit(
+                trains[(agent, k, j)] = self._submit(
                     "train_micro_batch", kwargs, worker, k, rank * (m + 1) + j
                 )
             mine = tuple(trains[(agent, k, j)] for j in range(m))
@@ -319,7 +329,9 @@ class Pipeline:
             self.place.generated(host, est, ref.agent, ref.timing, tool=tool)
         move = self.place.finished(kind, worker, getattr(ref, "agent", None), ref.timing)
         if move is not None:
-            log.info("elastic allocation: %s trains on %s (was %s)", *astuple(move))
+            log.info(
+                "elastic allocation: %s trains on %s (was %s)", move.unit, move.target, move.source
+            )
         self.on_event(kind, ref)
         if isinstance(ref, ScoreRef):  # past the failure budget: the run stops here
             self.failures.add(ref.step, ref.rows, ref.failed, ref.failure)

@@ -14,6 +14,7 @@ less loaded training or rollout worker; the pipeline then hands its state over).
 
 from __future__ import annotations
 
+import logging
 import math
 
 from engines.rollout.balancer import Balancer, BalancerConfig, HierarchicalBalancer, NoBalancing
@@ -29,6 +30,8 @@ from flows.orchestrator.futures import StepEnds
 from meg import MEGSpec, topological_order
 from meg.sharing import unit_of
 from tasks.context import Timing
+
+log = logging.getLogger(__name__)
 
 
 def need_order(order: list[str], node_agent: dict[str, str]) -> list[str]:
@@ -74,7 +77,7 @@ class Placement:
         self.order = topological_order(spec)
         self.agents = need_order(self.order, {n: spec.nodes[n].agent for n in self.order})
         self.unit = unit_of(spec, self.agents)  # agent → its weight unit (shared base or own)
-        units = list(dict.fromkeys(self.unit[a] for a in self.agents))  # in need order
+        self.units = units = list(dict.fromkeys(self.unit[a] for a in self.agents))  # need order
         self.allocation: Allocation = (
             ElasticAllocator(units, workers.train, workers.rollout, AllocatorConfig())
             if elastic
@@ -131,5 +134,6 @@ class Placement:
         self.balancer.complete(host, est_tokens)
         self.balancer.observe(self.unit[agent], timing.start, timing.end, step, demand=not tool)
         self._generates_left[step] -= 1
-        if self._generates_left[step] == 0:
-            self.balancer.end_step(step)
+        if self._generates_left[step] == 0 and self.balancer.end_step(step):
+            split = ", ".join(f"{u} {len(self.balancer.hosts_of(u))}" for u in self.units)
+            log.info("rollout balancer after step %d: engines per agent %s", step, split)

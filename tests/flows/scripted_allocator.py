@@ -27,7 +27,7 @@ def scripted(away: Away) -> type:
 
     class ScriptedAllocator:
         def __init__(self, units: Any, train: Any, rollout: Any, config: Any = None) -> None:
-            self.train, self.rollout = train[0], rollout[0]
+            self.units, self.train, self.rollout = list(units), train[0], rollout[0]
 
         def worker_of(self, unit: str, step: int) -> str:
             moved = (unit, step) in away or (None, step) in away
@@ -37,6 +37,12 @@ def scripted(away: Away) -> type:
             pass
 
         def end_step(self, step: int, end: float) -> Move | None:
+            """The first unit whose worker changes from step to step + 1, as the real
+            policy reports its (one) move for the run's log."""
+            for unit in self.units:
+                source, target = self.worker_of(unit, step), self.worker_of(unit, step + 1)
+                if source != target:
+                    return Move(unit, source, target)
             return None
 
     return ScriptedAllocator

@@ -5,6 +5,7 @@ after a move resumes with a clean audit."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from flows.cluster.start import ClusterConfig
 from flows.train import TrainParams, train
 from storage.store import MEGStore
 from tests.flows.conftest import kill_cli_train_when, write_config
+from tests.flows.report.test_logs import run_logs
 from tests.flows.scripted_allocator import scripted
 from tests.flows.test_continue import step_samples
 
@@ -40,7 +42,12 @@ def test_a_moved_agent_trains_on_exactly_as_if_it_had_stayed(
     fixed = train(TrainParams(run_dir=str(tmp_path / "fixed"), **common))
     away = {("verifier", 1), ("verifier", 2), ("solver", 2)}
     monkeypatch.setattr(placement, "ElasticAllocator", scripted(away))
+    since = datetime.now(UTC)
     moved = train(TrainParams(run_dir=str(tmp_path / "moved"), elastic=True, **common))
+    # the allocator's decisions are in the flow run's log, the right way round
+    said = {m for _, m in run_logs(since=since) if m.startswith("elastic allocation")}
+    assert "elastic allocation: verifier trains on rollout-0 (was train-0)" in said
+    assert "elastic allocation: solver trains on rollout-0 (was train-0)" in said
 
     # in completion order, which two handovers of one step need not keep
     hops = sorted((h["step"], h["agent"], h["source"], h["target"]) for h in moved["handovers"])

@@ -106,6 +106,23 @@ def test_flex_scores_each_group_as_soon_as_it_can_and_trains_on_it() -> None:
     }
 
 
+def test_the_first_two_micro_batches_train_in_either_order_the_rest_in_order() -> None:
+    """Train(A, k, 1) does not wait for train(A, k, 0) (their gradient sum commutes); from
+    the third on each waits for every earlier one; the step waits for all of them."""
+    p = compile_steps("fanout", "flex", mb=4)
+    trains = p.futures["train_micro_batch"]
+    for agent in p.agents:
+        for k in range(2):
+            t = [trains[(agent, k, j)] for j in range(4)]
+            assert not {id(t[0])} & t[1].after and not {id(t[1])} & t[0].after
+            assert {id(t[0]), id(t[1])} <= t[2].after
+            assert {id(t[0]), id(t[1]), id(t[2])} <= t[3].after
+            assert {id(x) for x in t} <= p.futures["optimizer_step"][(agent, k)].after
+            if k:  # every micro-batch of step 1 starts from step 0's result
+                step0 = id(p.futures["optimizer_step"][(agent, 0)])
+                assert all(step0 in x.after for x in t)
+
+
 def test_sync_scores_once_per_micro_batch_behind_a_barrier() -> None:
     p = compile_steps("fanout", "sync")
     assert len(p.futures["score"]) == 2 * 2  # steps × micro-batches

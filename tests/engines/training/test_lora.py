@@ -236,3 +236,42 @@ def test_all_linear_and_the_architecture_default_resolve_to_module_names(
         "v_proj",
     ]
     assert not any("lm_head" in n for n in every_names)  # all-linear leaves the head alone
+
+
+def test_dropout_masks_belong_to_the_micro_batch_not_to_the_order(
+    tiny_model: str, trainers: list[AgentTrainer]
+) -> None:
+    """With adapter dropout on, a step's micro-batches accumulated in either order, or after
+    other code drew random numbers, give the same adapter bit for bit (the first two
+    micro-batches of a step train in whichever order they arrive); the process's random
+    stream is left as it was."""
+    cfg = TrainConfig(lr=1e-2, lora=LoraConfig(r=4, dropout=0.5, target_modules=("q_proj",)))
+    parts = random_batch(seed=3, n=8)
+    mbs = [merge(parts[:4]), merge(parts[4:])]
+
+    def trained(name: str, order: tuple[int, ...], draw: bool = False) -> dict[str, torch.Tensor]:
+        tr = AgentTrainer(name, tiny_model, cfg)
+        trainers.append(tr)
+        tr.begin_step(step=0)
+        for j in order:
+            if draw:
+                torch.rand(7)  # someone else's random numbers between two micro-batches
+            before = torch.get_rng_state()
+            tr.accumulate(mbs[j], part=j)
+            assert torch.equal(torch.get_rng_state(), before)
+        assert not tr.step().skipped
+        return {k: v.clone() for k, v in tr.weights().items()}
+
+    first = trained("in-order", (0, 1))
+    for got in (trained("reversed", (1, 0)), trained("drawn-between", (0, 1), draw=True)):
+        assert got.keys() == first.keys()
+        assert all(torch.equal(got[k], first[k]) for k in first)
+    # dropout is really drawn: a step with no adapter dropout lands elsewhere
+    plain = TrainConfig(lr=1e-2, lora=LoraConfig(r=4, dropout=0.0, target_modules=("q_proj",)))
+    tr = AgentTrainer("no-dropout", tiny_model, plain)
+    trainers.append(tr)
+    tr.begin_step(step=0)
+    for j in (0, 1):
+        tr.accumulate(mbs[j], part=j)
+    tr.step()
+    assert any(not torch.equal(v, first[k]) for k, v in tr.weights().items())
