@@ -195,6 +195,16 @@ def n_agents(cfg: Path) -> int:
     return len({n["agent"] for n in nodes})
 
 
+def kept_in(json_path: Path) -> tuple[Path, Path]:
+    """Where a run of `--json DIR/NAME.json` keeps its runs and its timeline pictures:
+    `DIR/NAME_runs/` for both, except for `e2e.json`, the reference run, whose runs are
+    `DIR/e2e_runs/` (what `bench.sim` calibrates and validates against) and whose pictures
+    are `DIR/timeline_*.png` (the README's). So a side measurement written to another name
+    never overwrites the simulator's inputs."""
+    runs = json_path.parent / f"{json_path.stem}_runs"
+    return runs, json_path.parent if json_path.stem == "e2e" else runs
+
+
 def keep_run(run_dir: Path, runs: Path, name: str) -> None:
     """A run's timeline and summary beside the JSON (what `bench.sim` calibrates from)."""
     runs.mkdir(parents=True, exist_ok=True)
@@ -248,11 +258,11 @@ def run(
     episodes: int,
     work: Path,
     repeats: int = 1,
-    pictures: Path | None = None,
+    keep: tuple[Path, Path] | None = None,
     arms: tuple[str, ...] = tuple(ARMS),
 ) -> dict[str, Any]:
-    """All arms on every workload; `pictures`: where to keep the sync and flex timelines and
-    every run's timeline and summary (`e2e_runs/`). Arms share one cluster (1 rollout + 1
+    """All arms on every workload; `keep`: where to keep every run's timeline and summary,
+    and the sync and flex timeline pictures (`kept_in`). Arms share one cluster (1 rollout + 1
     training worker) except `marti-like`, which gets one colocated worker per agent, and the
     `*-auto` arms, each run on a cluster of its own that the run lays out itself."""
     cpus = psutil.cpu_count() or 1
@@ -283,10 +293,10 @@ def run(
                         run_dir = work / f"{wl}-{arm}-{r}"
                         out = train_run(cfg, run_dir, address, **params)
                         runs[arm].append(steady_state(out, run_dir, roles, cores))
-                        if pictures is not None:
-                            keep_run(run_dir, pictures / "e2e_runs", f"{wl}-{arm}-{r}")
+                        if keep is not None:
+                            keep_run(run_dir, keep[0], f"{wl}-{arm}-{r}")
                             if arm in ("sync", "flex"):
-                                png = pictures / f"timeline_{wl}_{arm}.png"
+                                png = keep[1] / f"timeline_{wl}_{arm}.png"
                                 shutil.copy(run_dir / "timeline.png", png)
             measured = {arm: median_of(rs) for arm, rs in runs.items()}
             bounds = {
@@ -352,7 +362,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from workloads.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
-        pictures = a.json.parent if a.json else None
         results = run(
             a.workloads.split(","),
             model,
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             episodes,
             Path(tmp),
             a.repeats,
-            pictures,
+            kept_in(a.json) if a.json else None,
             tuple(a.arms.split(",")),
         )
     render(results)

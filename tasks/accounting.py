@@ -63,17 +63,6 @@ def acquire(ctx: RunContext, agent: str, step: int, upto: int, build: Any) -> Ag
     raise AssertionError("unreachable")
 
 
-def parts_before(mb: int) -> int:
-    """How many of a step's micro-batches must be accumulated before micro-batch `mb`.
-
-    None before the first two: they train in whichever order their rows arrive, and their
-    gradients' sum is the same either way, bit for bit (floating-point addition commutes).
-    All earlier ones from the third on: addition does not associate, so a longer sum keeps
-    one order. The pipeline gives train tasks these edges; `acquire` re-accumulates exactly
-    these after a worker died."""
-    return 0 if mb < 2 else mb
-
-
 def nodes_of(ctx: RunContext, agent: str) -> list[str]:
     return [n for n, spec in ctx.spec.nodes.items() if spec.agent == agent]
 

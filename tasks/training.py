@@ -29,14 +29,9 @@ from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Url
-from tasks.accounting import (
-    accumulate_part,
-    acquire,
-    already_stepped,
-    parts_before,
-    read_scored,
-)
+from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
 from tasks.context import RunContext, Stopwatch
+from tasks.order import parts_before
 from tasks.refs import HandOverRef, StepRef, TrainRef
 from tasks.worker import slots_of, state_of, store_of
 

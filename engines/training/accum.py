@@ -34,7 +34,7 @@ def part_rng(seed: int, version: int, part: int, device: str | torch.device) -> 
     process's streams as they were.
 
     So the masks do not depend on the order in which the micro-batches of a step arrive (the
-    first two train in either order, `tasks.accounting.parts_before`), nor on a replay
+    first two train in either order, `tasks.order.parts_before`), nor on a replay
     after a worker died: the same step gives the same gradients, bit for bit."""
     digest = hashlib.blake2b(f"{seed}/{version}/{part}".encode(), digest_size=8).digest()
     derived = int.from_bytes(digest, "big") >> 1

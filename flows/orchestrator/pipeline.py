@@ -54,7 +54,7 @@ setting wait for 4 long-tail generate times in a row (flex 1.94× slower on a 3-
 
 Training has no such edge between an agent's first two micro-batches: whichever is scored
 first trains first (their gradients add up to the same bits in either order;
-`tasks.accounting.parts_before`). Chained, a training worker idled while micro-batch 1 was
+`tasks.order.parts_before`). Chained, a training worker idled while micro-batch 1 was
 ready and 0 was still generating on another worker: on the TRL peer job (8×4×32, two rollout
 workers) micro-batch 1 came first in about half the steps, and without the edge the step
 took 4–7% less (docs/training.md), with the same final weights bit for bit. From the third
@@ -78,9 +78,9 @@ from flows.orchestrator.futures import Futures, StepLog
 from flows.orchestrator.placement import Placement, host_worker
 from flows.orchestrator.planning import EpisodePlanner, scoring_plan
 from meg import ScoreGroup, expand_episode, score_groups
-from tasks.accounting import parts_before
 from tasks.context import RunContext
 from tasks.failures import FailureBudget
+from tasks.order import parts_before
 from tasks.refs import Episode, ScoreRef
 
 log = logging.getLogger(__name__)

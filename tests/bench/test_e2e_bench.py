@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.e2e import ARMS, bound_over, main, median_of, timeline_roles
+from bench.e2e import ARMS, bound_over, kept_in, main, median_of, timeline_roles
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +67,13 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
     assert_marti_placement(marti, r["agents"])
     split = json.loads((tmp_path / "e2e_runs/math-chain-sync-0.timeline.json").read_text())
     assert len({t["worker"] for t in split}) == 2  # the other arms' cluster: 1 rollout + 1 train
+
+
+def test_only_the_reference_run_keeps_its_runs_where_the_simulator_reads_them() -> None:
+    results = Path("bench/results")
+    assert kept_in(results / "e2e.json") == (results / "e2e_runs", results)
+    side = kept_in(results / "e2e_balance_auto.json")
+    assert side == (results / "e2e_balance_auto_runs", results / "e2e_balance_auto_runs")
 
 
 def rollout_left_at_first_train(tasks: list[dict[str, Any]], step: int) -> float:
