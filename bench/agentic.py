@@ -189,7 +189,7 @@ def run(
         before = heldout(config_copy("early", model, work, steps, episodes, seed), None, tasks)
     results["arms"] = arms
     results["heldout_before"] = before
-    return results | ratios(arms, before, psutil.cpu_count() or 1)
+    return results | ratios(arms, before, results["cpus"] or 1)
 
 
 def table(results: dict[str, Any]) -> Any:
