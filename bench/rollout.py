@@ -193,7 +193,7 @@ def ratio_vs_direct_vllm(
     node, step = "solve", 0
     # the very engine the task path uses (one vLLM engine in this process: a second one,
     # created by the task's first call, left the first without its KV cache config)
-    host = host_of(ctx, spec.nodes[node].agent)
+    host, _ = host_of(ctx, spec.nodes[node].agent)
     _, prompts = plan_prompts(ctx, node, step, 0, eps)  # loads the tokenizer (cached)
     llm: Any = host.backend
     inputs: Any = [{"prompt_token_ids": list(p)} for p in prompts]

@@ -256,6 +256,7 @@ def generate_segment(
         resumed: bool,
         carried: SampleBatch | None = None,
         discarded: int = 0,
+        startup: float = 0.0,
     ) -> tuple[GenRef, SampleBatch]:
         if carried is None:  # what this segment's task carried, if it cuts: from the store
             carried = read_carried(ctx, node, step, mb) if cuts else SampleBatch.empty()
@@ -280,13 +281,14 @@ def generate_segment(
             carried_tokens=held,
             offpolicy_tokens=old,
             segment_tokens=in_segment,
+            startup=startup,
         ), batch
 
     if done is not None:  # committed by an earlier attempt or an earlier (killed) run
         ref = table.ref(done)
         return gen_ref(ref, table.read(segments=[ref]), resumed=True)
     if cuts:
-        host = host_of(ctx, agent_name)
+        host, startup = host_of(ctx, agent_name)
         version = ensure_weights(ctx, host, agent_name, min_version)
         # april: over-provisioned root, cut once enough episodes are complete
         fresh = tuple(e for e in episodes if birth_step(e[0]) == step)
@@ -305,7 +307,7 @@ def generate_segment(
         result = settle(result, table.read_carry(key))  # an earlier attempt's carry wins
         table.write_segment(key, result.carried, kind="carry")  # first: see tasks.carry
         ref = table.write_segment(key, result.complete)
-        return gen_ref(ref, result.complete, resumed=False, carried=result.carried)
+        return gen_ref(ref, result.complete, resumed=False, carried=result.carried, startup=startup)
     plans, batches, index = plan_inputs(ctx, node, step, mb, episodes)
     skip = skipped_plans(ctx, node, plans, batches, index)
     if spec.nodes[node].is_tool:
@@ -318,9 +320,9 @@ def generate_segment(
     params = sampling_for(ctx, node, step, mb)
     t0 = time.time()
     completions: list[list[Any]] = []
-    discarded, version = 0, min_version
+    discarded, version, startup = 0, min_version, 0.0
     if live:
-        host = host_of(ctx, agent_name)
+        host, startup = host_of(ctx, agent_name)
         version = ensure_weights(ctx, host, agent_name, min_version)
         prompts = prompts_of(ctx, node, live, batches, index, episodes)
         completions, discarded = sample(
@@ -350,7 +352,7 @@ def generate_segment(
             )
     batch = SampleBatch.from_rows(rows)
     ref = table.write_segment(SegmentKey(step, mb, node), batch)
-    return gen_ref(ref, batch, resumed=False, discarded=discarded)
+    return gen_ref(ref, batch, resumed=False, discarded=discarded, startup=startup)
 
 
 @task(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import time
 from typing import Any
 
 from engines.model_files import local_dir
@@ -89,7 +90,7 @@ def slot_devices(n: int) -> tuple[str, ...]:
     return tuple(f"cuda:{i % gpus}" for i in range(n)) if gpus else ("cpu",) * n
 
 
-def host_of(ctx: RunContext, agent: str) -> Any:
+def host_of(ctx: RunContext, agent: str) -> tuple[Any, float]:
     """This worker's model host for `agent` in this run: the engine of its weight unit.
 
     A full-weight agent has an engine of its own; LoRA agents that share a base share one
@@ -97,13 +98,21 @@ def host_of(ctx: RunContext, agent: str) -> Any:
 
     Hosts are keyed by run: a long-lived cluster (tests, a deployment's Dask cluster) serves
     run after run, and a host still holding another run's weights must never serve this one.
-    When a new run first asks, the other runs' hosts are handed over (`hand_over_hosts`)."""
-    from engines.rollout.hosts import get_host
+    When a new run first asks, the other runs' hosts are handed over (`hand_over_hosts`).
 
+    Also returns the seconds this call spent bringing the engine up: 0.0 when the worker
+    already had it; else its build, or the wait for another task's build of it, or the
+    hand-over. The rollout balancer leaves them out of what it measures: they are paid once,
+    and a split on trial that counted them would lose to the split it replaced."""
+    from engines.rollout.hosts import get_host, is_hosted
+
+    t0 = time.time()
     unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
     hand_over_hosts(ctx)
     key, backend, model, opts = _host_args(ctx, unit)
-    return get_host(key, backend, model, **opts)
+    warm = is_hosted(key)
+    host = get_host(key, backend, model, **opts)
+    return host, 0.0 if warm else time.time() - t0
 
 
 def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any]]:

@@ -36,6 +36,14 @@ than the split it started from; a trial costs at most `trial_steps` slower steps
 minimal: an agent that loses hosts gives up the ones with the fewest outstanding tokens;
 hosts that stay keep their agent.
 
+A host moved to another agent first starts that agent's engine (seconds on a CPU, tens of
+seconds on a GPU), once, inside the first task it runs for it; so do all hosts in a run's
+first step. Those seconds (`observe(..., startup=)`) are nobody's demand, and a step that
+paid any is *cold*: it sets neither the measured span nor a trial's verdict, because its
+span holds a one-off cost that the split does not repeat. Counted, it made a trial of a
+better split lose to the old one whenever the start cost more than the split saved over
+`trial_steps` steps, and that split was then never tried again.
+
 Intra-agent level — `place(agent, est_tokens)` takes the agent's hosts in turn, unless
 another host has more than one task's worth of tokens less outstanding, and books
 `est_tokens` on the host; `complete(host, tokens)` releases them. Plain "fewest outstanding
@@ -79,7 +87,14 @@ class BalancerConfig:
 class Balancer(Protocol):
     def hosts_of(self, agent: str) -> tuple[str, ...]: ...
     def observe(
-        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+        self,
+        agent: str,
+        start: float,
+        end: float,
+        step: int = 0,
+        *,
+        demand: bool = True,
+        startup: float = 0.0,
     ) -> None: ...
     def end_step(self, step: int = 0) -> bool: ...
     def place(self, agent: str, est_tokens: int) -> str: ...
@@ -125,6 +140,7 @@ class _StepTasks:
     seconds: dict[str, list[float]]
     start: float = float("inf")
     end: float = float("-inf")
+    cold: bool = False  # a task of the step started an engine
 
 
 class HierarchicalBalancer:
@@ -163,20 +179,31 @@ class HierarchicalBalancer:
         return self.assignment[agent]
 
     def observe(
-        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+        self,
+        agent: str,
+        start: float,
+        end: float,
+        step: int = 0,
+        *,
+        demand: bool = True,
+        startup: float = 0.0,
     ) -> None:
         """One generate task of `agent` in `step` ran on its host from `start` to `end`
         (steps overlap: a task of step k+1 may finish before the last one of step k).
 
         `demand=False` (a tool node's task: the environment, run in the reward processes, not
         on the agent's engine) counts toward the step's span but not the agent's demand:
-        more engines would not make the tool faster."""
+        more engines would not make the tool faster. `startup`: seconds of the task spent
+        starting its engine, left out of the demand; they make the step cold."""
         self.hosts_of(agent)
         if end < start:
             raise ValueError(f"a task cannot end ({end}) before it starts ({start})")
+        if not 0 <= startup <= end - start:
+            raise ValueError(f"startup {startup} s is not within the task's {end - start} s")
         tasks = self._steps.setdefault(step, self._no_tasks())
         if demand:
-            tasks.seconds[agent].append(end - start)
+            tasks.seconds[agent].append(end - start - startup)
+        tasks.cold = tasks.cold or startup > 0
         tasks.start, tasks.end = min(tasks.start, start), max(tasks.end, end)
 
     def counts(self) -> dict[str, int]:
@@ -190,7 +217,8 @@ class HierarchicalBalancer:
         hosts. True if the split changed."""
         tasks = self._steps.pop(step, None) or self._no_tasks()
         self._fold(tasks.seconds)
-        span = tasks.end - tasks.start if tasks.end >= tasks.start else None
+        warm = tasks.end >= tasks.start and not tasks.cold
+        span = tasks.end - tasks.start if warm else None
         if self.trial is not None:
             return self._judge(step, span)
         if span is not None:
@@ -325,7 +353,14 @@ class NoBalancing:
         return self.assignment[agent]
 
     def observe(
-        self, agent: str, start: float, end: float, step: int = 0, *, demand: bool = True
+        self,
+        agent: str,
+        start: float,
+        end: float,
+        step: int = 0,
+        *,
+        demand: bool = True,
+        startup: float = 0.0,
     ) -> None:
         self.hosts_of(agent)
 

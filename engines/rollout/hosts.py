@@ -213,6 +213,13 @@ def get_host(agent: str, backend: str, model_path: str, **opts: Any) -> Host:
         return new
 
 
+def is_hosted(agent: str) -> bool:
+    """Whether this process holds a live host for `agent` (`get_host` would not build one)."""
+    with _REGISTRY_LOCK:
+        host = _HOSTS.get(agent)
+    return host is not None and not host.crashed
+
+
 def drop_host(agent: str) -> bool:
     """Forget this process's host for `agent` and close its backend: a backend with a
     `close()`, like vLLM's, releases its engine now rather than at some later garbage

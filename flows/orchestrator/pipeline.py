@@ -326,7 +326,7 @@ class Pipeline:
             self.logs[ref.step].add(ref)
         if kind == "generate" and host is not None:
             tool = self.ctx.spec.nodes[ref.node].is_tool
-            self.place.generated(host, est, ref.agent, ref.timing, tool=tool)
+            self.place.generated(host, est, ref.agent, ref.timing, tool=tool, startup=ref.startup)
         move = self.place.finished(kind, worker, getattr(ref, "agent", None), ref.timing)
         if move is not None:
             log.info(

@@ -125,14 +125,24 @@ class Placement:
         self._generates_left[step] = self._generates_left.get(step, 0) + n
 
     def generated(
-        self, host: str, est_tokens: int, agent: str, timing: Timing, *, tool: bool = False
+        self,
+        host: str,
+        est_tokens: int,
+        agent: str,
+        timing: Timing,
+        *,
+        tool: bool = False,
+        startup: float = 0.0,
     ) -> None:
         """A generate finished: free its engine, feed the demand signal (when the task ran;
-        a `tool` node's seconds are the environment's, not the agent's engine's), and let the
-        balancer rebalance once every generate of the step is in."""
+        a `tool` node's seconds are the environment's, not the agent's engine's; `startup`,
+        the seconds it spent bringing its engine up, are nobody's), and let the balancer
+        rebalance once every generate of the step is in."""
         step = timing.step
         self.balancer.complete(host, est_tokens)
-        self.balancer.observe(self.unit[agent], timing.start, timing.end, step, demand=not tool)
+        self.balancer.observe(
+            self.unit[agent], timing.start, timing.end, step, demand=not tool, startup=startup
+        )
         self._generates_left[step] -= 1
         if self._generates_left[step] == 0 and self.balancer.end_step(step):
             split = ", ".join(f"{u} {len(self.balancer.hosts_of(u))}" for u in self.units)

@@ -32,12 +32,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
 
 
-def math_chain(model: str, *, solver_only: bool = False, n: int = 4) -> MEGSpec:
+def math_chain(
+    model: str, *, solver_only: bool = False, n: int = 4, backend: str | None = None
+) -> MEGSpec:
     """The built-in math-chain workload on `model` with `n` solver samples; `solver_only`
-    drops the verifier (a one-agent spec: solver / solve)."""
+    drops the verifier (a one-agent spec: solver / solve); `backend`: the agents' rollout
+    backend (default: the workload's)."""
     data = yaml.safe_load(BUILTIN["math-chain"].read_text())
     for agent in data["agents"].values():
         agent["model"] = model
+        if backend is not None:
+            agent["backend"] = backend
     data["nodes"]["solve"]["n"] = n
     if solver_only:
         del data["agents"]["verifier"], data["nodes"]["verify"], data["rewards"]["verify"]
