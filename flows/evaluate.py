@@ -22,20 +22,20 @@ import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field
 
 from flows.eval_agentic import Sampled, loop_finals, tool_samples
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
+from flows.eval_params import EvalParams
 from flows.runs.config import load_config
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from tasks.gating import Shown, is_skipped
 from tasks.scoring import Views, call_rewards
-from workloads import BUILTIN, resolve_config
+from workloads import resolve_config
 from workloads.datasets import TaskItem, load_dataset
 
 # Neither backend has an argmax mode (SamplingParams rejects temperature 0 on purpose), and
@@ -44,37 +44,6 @@ from workloads.datasets import TaskItem, load_dataset
 # token instead: with top_p = 1e-6 both backends (hf's nucleus; vLLM's "cumulative
 # probability <= 1 - p" mask, which always keeps the top token) keep only the argmax.
 GREEDY_TOP_P = 1e-6
-
-
-class EvalParams(BaseModel):
-    """Parameters of an evaluation. Give exactly one of `checkpoint` and `base`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    config: str = Field(
-        "math-chain",
-        description=f"MEG YAML file or built-in workload ({', '.join(BUILTIN)})",
-    )
-    checkpoint: str | None = Field(
-        None,
-        description="run directory of `flexmarl train` (its final/<agent>/ exports or newest "
-        "checkpoints), or one HF model directory used for every agent",
-    )
-    base: bool = Field(False, description="evaluate the config's initial models instead")
-    split: Literal["eval", "train"] = Field("eval", description="which split to evaluate on")
-    limit: int | None = Field(None, ge=1, description="first N tasks of the split")
-    batch_size: int = Field(64, ge=1, description="prompts per generate call")
-    sampling: Literal["greedy", "policy"] = Field(
-        "greedy",
-        description="greedy: the argmax response; policy: each agent's own sampling "
-        "(temperature, top_p), the distribution RL optimises",
-    )
-    repeats: int = Field(
-        1, ge=1, description="episodes per task (with policy sampling: the mean of N samples)"
-    )
-    json_path: str | None = Field(
-        None, description="also write the result as JSON here", json_schema_extra={"cli": "--json"}
-    )
 
 
 def eval_tasks(spec: MEGSpec, split: str, limit: int | None) -> tuple[TaskItem, ...]:

@@ -301,7 +301,7 @@ def ui_cmd(args: argparse.Namespace) -> int:
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     from flows.cli.params import add_model_args
-    from flows.evaluate import EvalParams
+    from flows.eval_params import EvalParams
 
     add_model_args(p, EvalParams, positional=("config",))
 

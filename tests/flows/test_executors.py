@@ -14,10 +14,13 @@ from flows.orchestrator.executors import TASKS, task_of
 
 
 def test_the_driver_imports_no_model_stack() -> None:
-    """`flexmarl train`'s modules load without torch, transformers, vLLM or the task bodies
-    (they cost ~6 s of CPU per command and are imported on the workers)."""
+    """`flexmarl train`'s modules and every command's options (what `flexmarl --help` and
+    each command build at start) load without torch, transformers, vLLM or the task bodies
+    (they cost seconds of CPU per command and are imported on the workers; `evaluate`'s
+    options once pulled in torch through its flow's scoring)."""
     code = (
-        "import sys, flows.train, flows.cli.commands\n"
+        "import sys, flows.train, flows.cli.main\n"
+        "flows.cli.main.build_parser()\n"
         "heavy = ('torch', 'transformers', 'vllm', 'peft', 'tasks.rollout', 'tasks.training',"
         " 'tasks.scoring', 'engines.training.trainer')\n"
         "print(','.join(m for m in heavy if m in sys.modules))"
