@@ -24,6 +24,7 @@ from flows.cluster.layout import for_meg
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
+from flows.export import export_final
 from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
 from flows.orchestrator.pipeline import Pipeline
 from flows.orchestrator.planning import scoring_plan
@@ -298,7 +299,7 @@ def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float
 def finalize(
     run: Run, results: list[Any], t0: float, wall: float, workers: Workers, p: TrainParams
 ) -> dict[str, Any]:
-    """Phase 4: audit from the store, summary JSON, plots, Prefect artifacts, HF exports."""
+    """Phase 4: audit from the store, summary JSON, plots, Prefect artifacts."""
     ctx = run.ctx
     store = MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
     audit = audit_consistency(store)
@@ -328,27 +329,7 @@ def finalize(
     if out["per_step"]:
         key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{ctx.spec.name}-{ctx.mode}".lower()))
         publish(run.dir, out, mermaid(ctx.spec), key)
-    if p.export_final:
-        export_final(run, p.export)
     return out
-
-
-def export_final(run: Run, how: str = "adapter") -> None:
-    """Every agent's final policy under `final/<agent>/` (what `evaluate` loads): a HF model
-    directory, or for a LoRA agent its PEFT adapter (`how="merged"`: the merged model)."""
-    from engines.model_files import local_dir
-    from engines.training.checkpoint import export_hf, restore_trainer
-    from engines.training.checkpoint_index import latest_checkpoint
-
-    for agent in {n.agent for n in run.ctx.spec.nodes.values()}:
-        ckpt = latest_checkpoint(run.ctx.checkpoint_root(agent))
-        if ckpt is not None:
-            model = local_dir(run.ctx.spec.agents[agent].model)
-            trainer = restore_trainer(ckpt, model_path=model)
-            try:
-                export_hf(trainer, run.dir / "final" / agent, how=how)
-            finally:
-                trainer.close()
 
 
 @flow(name="flexmarl-train", log_prints=True)
@@ -365,6 +346,8 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
             ship_plugins(run, workers)
             track.roles = (len(workers.rollout), len(workers.train))
             results, t0, wall = execute(run, workers, params.executor)
+            if params.export_final:  # a cluster of ours exports on its worker: flows.export
+                export_final(run, None if cluster.scheduler else workers, params.export)
         out = finalize(run, results, t0, wall, workers, params)
         if params.export_final:
             track.log_models(run.dir / "final")
