@@ -32,6 +32,7 @@ class RunContext:
     train_slots: int = 2
     storage_options: dict[str, Any] | None = None
     rollout_gpu_share: float = ROLLOUT_GPU_SHARE  # a vLLM engine's share of its GPU
+    engine_slots: int = 0  # engines a rollout worker holds for the run at most (0: no bound)
 
     @property
     def run(self) -> RunSpec:

@@ -104,13 +104,15 @@ def host_of(ctx: RunContext, agent: str) -> tuple[Any, float]:
     already had it; else its build, or the wait for another task's build of it, or the
     hand-over. The rollout balancer leaves them out of what it measures: they are paid once,
     and a split on trial that counted them would lose to the split it replaced."""
-    from engines.rollout.hosts import get_host, is_hosted
+    from engines.rollout.hosts import get_host, is_hosted, make_room
 
     t0 = time.time()
     unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
     hand_over_hosts(ctx)
     key, backend, model, opts = _host_args(ctx, unit)
     warm = is_hosted(key)
+    if not warm and ctx.engine_slots:  # the balancer moved a host here: see make_room
+        make_room(f"{ctx.run_id}/", ctx.engine_slots - 1)
     host = get_host(key, backend, model, **opts)
     return host, 0.0 if warm else time.time() - t0
 

@@ -27,6 +27,7 @@ The task layer talks to both kinds through `held(agent)` / `load(agent, version,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,7 @@ class Host:
     adopted: bool = False  # the backend came from another run's host (`adopt_host`)
     outstanding_tokens: int = 0
     crashed: bool = False
+    last_used: float = field(default_factory=time.monotonic)  # the last generate's start
     latest: tuple[int, WeightsLoader] | None = None  # last version asked for + its loader
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _count_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -111,6 +113,7 @@ class Host:
         may stop the batch early, `watch` single requests (`engines.rollout.base`)."""
         est = len(prompts) * params.n * params.max_tokens
         self._add_outstanding(est)
+        self.last_used = time.monotonic()
         try:
             with self._lock:
                 self._check_open()
@@ -218,6 +221,30 @@ def is_hosted(agent: str) -> bool:
     with _REGISTRY_LOCK:
         host = _HOSTS.get(agent)
     return host is not None and not host.crashed
+
+
+def make_room(prefix: str, keep: int) -> list[str]:
+    """Drop this process's hosts whose key starts with `prefix`, least recently used first,
+    until at most `keep` of them remain; a host serving a generate right now is never
+    dropped. Returns the dropped keys.
+
+    Why: a rollout worker is planned to hold a bounded number of engines (its share of the
+    run's hosts), but the balancer moves a host from one agent to another, and the engine
+    of the agent it left stayed resident: one more model and KV cache than the memory plan
+    counted, per move. The caller makes room before it builds an engine."""
+    with _REGISTRY_LOCK:
+        mine = sorted(
+            ((h.last_used, k) for k, h in _HOSTS.items() if k.startswith(prefix)),
+        )
+    dropped: list[str] = []
+    for _, key in mine[: max(0, len(mine) - keep)]:
+        with _REGISTRY_LOCK:
+            host = _HOSTS.get(key)
+        if host is None or host._lock.locked():
+            continue
+        if drop_host(key):
+            dropped.append(key)
+    return dropped
 
 
 def drop_host(agent: str) -> bool:

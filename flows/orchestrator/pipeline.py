@@ -70,12 +70,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from flows.cluster.start import Workers
 from flows.orchestrator.executors import Executor
 from flows.orchestrator.futures import Futures, StepLog
-from flows.orchestrator.placement import Placement, host_worker
+from flows.orchestrator.placement import Placement, engine_slots, host_worker
 from flows.orchestrator.planning import EpisodePlanner, scoring_plan
 from meg import ScoreGroup, expand_episode, score_groups
 from tasks.context import RunContext
@@ -134,8 +135,9 @@ class Pipeline:
         on_event: Event | None = None,
     ) -> None:
         spec, run = ctx.spec, ctx.run
-        self.ctx, self.workers, self.ex = ctx, workers, executor
         self.place = Placement(spec, workers, run.balance, run.elastic)
+        slots = engine_slots(workers, len(self.place.units))
+        self.ctx, self.workers, self.ex = replace(ctx, engine_slots=slots), workers, executor
         self.trained_on: dict[str, str] = {}  # agent → the worker its state is on
         self.futures = Futures()
         self.groups = score_groups_of(ctx)

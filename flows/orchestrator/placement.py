@@ -43,11 +43,18 @@ def need_order(order: list[str], node_agent: dict[str, str]) -> list[str]:
     return sorted(first, key=first.__getitem__)
 
 
+def engine_slots(workers: Workers, n_units: int) -> int:
+    """Model instances per rollout worker: enough on all of them for every weight unit (an
+    agent with its own weights, or a base shared by LoRA agents)."""
+    return math.ceil(n_units / len(workers.rollout))
+
+
 def rollout_hosts(workers: Workers, n_units: int) -> list[str]:
-    """Balancer host ids: enough model instances on the rollout workers for every weight
-    unit (an agent with its own weights, or a base shared by LoRA agents)."""
-    per = math.ceil(n_units / len(workers.rollout))
-    return [f"{w}#{i}" for i in range(per) for w in workers.rollout]
+    """Balancer host ids, `engine_slots` per rollout worker. A worker holds at most that
+    many engines of the run (`tasks.worker.host_of`): the hosts of one unit on a worker
+    share its engine, and a unit's engine goes when the balancer has moved its last host
+    there elsewhere and another unit needs the room."""
+    return [f"{w}#{i}" for i in range(engine_slots(workers, n_units)) for w in workers.rollout]
 
 
 def host_worker(host: str) -> str:

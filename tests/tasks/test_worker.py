@@ -26,3 +26,23 @@ def test_the_engine_start_is_reported_by_the_call_that_paid_it(
         assert rebuilt is not host and cold > 0
     finally:
         drop_host(key)
+
+
+def test_a_worker_holds_at_most_its_engine_slots_of_a_run(
+    new_ctx: Callable[..., RunContext], tiny_model: str
+) -> None:
+    """With one slot, the verifier's engine (the balancer moved a host to it) replaces the
+    solver's, which nothing uses any more; with two, both stay."""
+    from dataclasses import replace
+
+    spec = math_chain(tiny_model, backend="hf")
+    for slots, kept in [(1, {"verifier"}), (2, {"solver", "verifier"})]:
+        ctx = replace(new_ctx(f"slots{slots}", spec=spec), engine_slots=slots)
+        try:
+            host_of(ctx, "solver")
+            host_of(ctx, "verifier")
+            mine = {k.split("/")[-1] for k in host_specs() if k.startswith(f"{ctx.run_id}/")}
+            assert mine == kept
+        finally:
+            for agent in ("solver", "verifier"):
+                drop_host(f"{ctx.run_id}/{agent}")

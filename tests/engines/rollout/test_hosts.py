@@ -154,3 +154,26 @@ def test_adopt_host_hands_an_engine_to_the_next_run_reset_to_its_model(
     assert get_host("r2/solver", "hf", model) is new
     assert adopt_host("r2/solver", "r2/solver", "hf", model) is None  # the key is taken
     drop_host("r2/solver")
+
+
+def test_make_room_drops_the_least_recently_used_idle_hosts_of_a_prefix(
+    tiny_model_dir: Path,
+) -> None:
+    """A rollout worker's hosts of one run, bounded: the ones used longest ago go first, a
+    host in the middle of a generate stays, and another run's hosts are not counted."""
+    from engines.rollout.hosts import host_specs, make_room
+
+    keys = ["room/a", "room/b", "room/c"]
+    hosts = {k: get_host(k, "hf", str(tiny_model_dir)) for k in [*keys, "other/a"]}
+    try:
+        for k in ["room/b", "room/a", "room/c"]:  # b used longest ago, then a, then c
+            hosts[k].generate([[1, 5]], SamplingParams(max_tokens=1, seed=0))
+        assert make_room("room/", 3) == []
+        assert make_room("room/", 2) == ["room/b"]
+        with hosts["room/a"]._lock:  # a generate is running on a: it stays, c goes
+            assert make_room("room/", 0) == ["room/c"]
+        assert {k for k in host_specs() if k.startswith("room/")} == {"room/a"}
+        assert "other/a" in host_specs() and hosts["room/c"].crashed
+    finally:
+        for k in hosts:
+            drop_host(k)
