@@ -35,6 +35,14 @@ class RunContext:
     engine_slots: int = 0  # engines a rollout worker holds for the run at most (0: no bound)
 
     @property
+    def engine_gpu_share(self) -> float:
+        """One rollout engine's share of its GPU's memory: the run's share split among the
+        engines a worker may hold. vLLM's `gpu_memory_utilization` is per engine and checked
+        against the memory free when the engine starts: a second engine at the whole share
+        beside the first and a trainer could not start."""
+        return self.rollout_gpu_share / max(1, self.engine_slots)
+
+    @property
     def run(self) -> RunSpec:
         return self.spec.run
 

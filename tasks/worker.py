@@ -124,7 +124,7 @@ def _host_args(ctx: RunContext, unit: Any) -> tuple[str, str, str, dict[str, Any
     from engines.rollout.base import AdapterServing
 
     # the device options come from this worker's own hardware (its GPU, if it has one)
-    device = worker_device(ctx.rollout_gpu_share)
+    device = worker_device(ctx.engine_gpu_share)
     model = local_dir(unit.model)
     opts: dict[str, Any] = {"dtype": unit.dtype, **engine_options(unit.backend, device)}
     if opts.get("kv_cache_bytes") is not None:  # a CPU vLLM engine: sized to hold a call

@@ -4,6 +4,9 @@ and the seconds its start took, which the rollout balancer leaves out."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
 
 from engines.rollout.hosts import drop_host, host_specs
 from tasks.context import RunContext
@@ -33,8 +36,6 @@ def test_a_worker_holds_at_most_its_engine_slots_of_a_run(
 ) -> None:
     """With one slot, the verifier's engine (the balancer moved a host to it) replaces the
     solver's, which nothing uses any more; with two, both stay."""
-    from dataclasses import replace
-
     spec = math_chain(tiny_model, backend="hf")
     for slots, kept in [(1, {"verifier"}), (2, {"solver", "verifier"})]:
         ctx = replace(new_ctx(f"slots{slots}", spec=spec), engine_slots=slots)
@@ -46,3 +47,26 @@ def test_a_worker_holds_at_most_its_engine_slots_of_a_run(
         finally:
             for agent in ("solver", "verifier"):
                 drop_host(f"{ctx.run_id}/{agent}")
+
+
+@pytest.mark.parametrize(("slots", "share"), [(0, 0.45), (1, 0.45), (3, 0.15)])
+def test_a_gpu_worker_splits_its_engine_share_among_its_slots(
+    new_ctx: Callable[..., RunContext],
+    tiny_model: str,
+    monkeypatch: pytest.MonkeyPatch,
+    slots: int,
+    share: float,
+) -> None:
+    """vLLM sizes an engine from `gpu_memory_utilization`, its own share of the GPU: three
+    engines at the run's 0.45 each would ask for 1.35 of it. A named fake of one visible
+    GPU (torch's CUDA queries; nothing here runs on it): the options are all this checks."""
+    import torch
+
+    from meg.sharing import weight_units
+    from tasks.worker import _host_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ctx = replace(new_ctx(spec=math_chain(tiny_model)), engine_slots=slots, rollout_gpu_share=0.45)
+    _, backend, _, opts = _host_args(ctx, weight_units(ctx.spec)[0])
+    assert backend == "vllm" and opts["gpu_memory_utilization"] == pytest.approx(share)
