@@ -1,22 +1,20 @@
-"""Bounded loops and tool nodes: unrolling (`meg.loops`), the node kinds of `NodeSpec`, and
-the cross-field rules of `meg.agentic_checks`, each refusal naming its field."""
+"""Bounded loops: unrolling (`meg.loops`) of the code-repair workload and of a small loop,
+its helpers, and the loop rules of `meg.agentic_checks`, each refusal naming its field
+(tool nodes and conditions: `test_tool_nodes.py`)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 import yaml
 
-from meg import MEGError, MEGSpec, build_spec, validate
-from meg.agentic_checks import check_agentic
+from meg import MEGSpec, build_spec, validate
 from meg.agentic_spec import LoopSpec, ToolSpec, TurnOf, WhenSpec
 from meg.loops import (
     chain_nodes,
     expand_bound,
     expand_rewards,
-    fill_tool_agents,
     gated,
     loop_nodes,
     rename_placeholders,
@@ -24,75 +22,11 @@ from meg.loops import (
     unroll_loop,
 )
 from meg.sizes import episode_samples
-from meg.spec import NodeSpec, RewardSpec
+from meg.spec import RewardSpec
+from tests.meg.agentic_graphs import LOOP, load, refused
 from workloads import BUILTIN
 from workloads.rewards import known_rewards
 from workloads.tools import known_tools
-
-KNOWN = ("exact_answer", "verdict")
-
-# one round: act (agent a) -> check (tool) -> judge (agent b); a later round re-enters at act
-LOOP: dict[str, Any] = {
-    "name": "t",
-    "agents": {"a": {"model": "hf://org/model"}, "b": {"model": "hf://org/model"}},
-    "loops": {
-        "fix": {
-            "rounds": 2,
-            "body": {
-                "act": {"agent": "a", "template": "Q: {question}", "n": 2},
-                "check": {"tool": {"fn": "calculator"}, "inputs": {"act": "per_sample"}},
-                "judge": {
-                    "agent": "b",
-                    "template": "{act} {check} ok?",
-                    "inputs": {"check": "per_sample", "act": "first"},
-                },
-            },
-            "again": {
-                "act": {
-                    "template": "{act} {check} {judge} again:",
-                    "n": 1,
-                    "inputs": {"judge": "per_sample", "act": "first", "check": "first"},
-                }
-            },
-            "until": [{"node": "judge", "params": {"text": "yes"}}],
-        }
-    },
-    "rewards": {"act": {"fn": "exact_answer"}},
-}
-
-# a plain graph with a top-level tool node
-PLAIN: dict[str, Any] = {
-    "name": "t",
-    "agents": {"a": {"model": "hf://org/model"}, "b": {"model": "hf://org/model"}},
-    "nodes": {
-        "x": {"agent": "a", "template": "Q: {question}", "n": 2},
-        "t": {"tool": {"fn": "calculator"}, "inputs": {"x": "per_sample"}},
-        "y": {"agent": "b", "template": "{x}{t} ok?", "inputs": {"t": "per_sample", "x": "first"}},
-    },
-    "rewards": {"x": {"fn": "exact_answer"}},
-}
-
-
-@pytest.fixture
-def loop() -> dict[str, Any]:
-    return copy.deepcopy(LOOP)
-
-
-@pytest.fixture
-def plain() -> dict[str, Any]:
-    return copy.deepcopy(PLAIN)
-
-
-def load(data: dict[str, Any], **kw: Any) -> MEGSpec:
-    kw.setdefault("known_rewards", KNOWN)
-    kw.setdefault("known_tools", known_tools())
-    return validate(build_spec(data), check_models=False, **kw)
-
-
-def refused(data: dict[str, Any], **kw: Any) -> MEGError:
-    with pytest.raises(MEGError) as ei:
-        load(data, **kw)
-    return ei.value
 
 
 def code_repair() -> MEGSpec:
@@ -310,157 +244,6 @@ def test_expand_bound_and_rewards() -> None:
     assert list(out) == ["plan", "judge@1", "judge@2"]
 
 
-def _tool(**kw: Any) -> NodeSpec:
-    return NodeSpec.model_validate({"tool": {"fn": "calculator"}, **kw})
-
-
-def test_fill_tool_agents_follows_drivers_through_tools() -> None:
-    nodes = {
-        "x": NodeSpec(agent="a", template="q"),
-        "y": NodeSpec(agent="b", template="q"),
-        # the tool reading a tool comes first: filling repeats until nothing changes
-        "t2": _tool(inputs={"t1": "per_sample"}),
-        "t1": _tool(inputs={"x": "first", "y": "per_sample"}),  # the driver y, not first x
-        "t3": _tool(inputs={"x": "first", "y": "all"}),  # no driver: the first input
-        "t4": _tool(agent="a", inputs={"y": "per_sample"}),  # explicit: kept
-    }
-    out = fill_tool_agents(nodes)
-    assert {n: s.agent for n, s in out.items()} == {
-        "x": "a",
-        "y": "b",
-        "t2": "b",
-        "t1": "b",
-        "t3": "a",
-        "t4": "a",
-    }
-    assert nodes["t1"].agent == ""  # the input is not changed
-
-
-def test_top_level_tool_nodes_take_their_drivers_agent(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t2"] = {"tool": {"fn": "calculator"}, "inputs": {"t": "per_sample"}}
-    plain["nodes"]["t3"] = {"agent": "b", "tool": {"fn": "lookup"}, "inputs": {"x": "all"}}
-    spec = load(plain)
-    assert spec.nodes["t"].agent == "a" and spec.nodes["t"].turn is None
-    assert spec.nodes["t2"].agent == "a"  # a tool reading a tool inherits
-    assert spec.nodes["t3"].agent == "b"  # explicit: kept
-    assert spec.node_max_tokens("t") == 0
-    assert chain_nodes(spec) == {} and not gated(spec)
-
-
-def test_tool_node_with_an_explicit_unknown_agent(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"]["agent"] = "zed"
-    err = refused(plain)
-    assert err.field == "nodes.t.agent" and "unknown agent 'zed'" in str(err)
-
-
-def test_check_agentic_refuses_a_tool_reaching_no_agent() -> None:
-    """Built by hand (`validate` refuses the graphs that get here first: a cycle of tools)."""
-    spec = MEGSpec.model_validate(
-        {
-            "name": "t",
-            "agents": {"a": {"model": "hf://o/m"}},
-            "nodes": {"t": {"tool": {"fn": "calculator"}, "inputs": {"u": "per_sample"}}},
-        }
-    )
-
-    def fail(msg: str, field: str) -> MEGError:
-        return MEGError(msg, field=field)
-
-    with pytest.raises(MEGError) as ei:
-        check_agentic(spec, fail, None)
-    assert ei.value.field == "nodes.t.agent" and "give it `agent:`" in str(ei.value)
-
-
-# --- node kinds -----------------------------------------------------------------------------
-
-
-def test_a_tool_node_needs_a_tool_name(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"]["tool"] = {}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.fn" and "Field required" in str(err)
-
-
-@pytest.mark.parametrize("fn", ["", "   "])
-def test_a_tool_node_with_an_empty_name(plain: dict[str, Any], fn: str) -> None:
-    plain["nodes"]["t"]["tool"] = {"fn": fn}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.fn" and "must name its tool plug-in (`fn`)" in str(err)
-
-
-def test_an_unknown_tool_lists_the_known(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"]["tool"] = {"fn": "calculater"}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.fn"
-    assert "unknown tool 'calculater'" in str(err) and "calculator" in str(err)
-    assert "run_tests" in str(err)
-    load(plain, known_tools=None)  # None skips the name check
-
-
-def test_an_unknown_tool_module_is_named(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"]["tool"] = {"fn": "no_such_module_xyz:fn"}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.fn" and "cannot import module 'no_such_module_xyz'" in str(
-        err
-    )
-
-
-def test_a_tool_params_and_timeout(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"]["tool"] = {"fn": "lookup", "params": {"table": {}}, "timeout_s": 5}
-    assert load(plain).nodes["t"].tool == ToolSpec(fn="lookup", params={"table": {}}, timeout_s=5)
-    plain["nodes"]["t"]["tool"] = {"fn": "lookup", "timeout_s": 0}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.timeout_s" and "greater than 0" in str(err)
-    plain["nodes"]["t"]["tool"] = {"fn": "lookup", "timeot_s": 1}
-    err = refused(plain)
-    assert err.field == "nodes.t.tool.timeot_s" and "Extra inputs are not permitted" in str(err)
-
-
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        ({"template": "{x}"}, "remove template"),
-        ({"n": 2}, "remove n = 2"),
-        ({"max_tokens": 8}, "remove max_tokens"),
-        ({"chat": {"system": "be brief"}}, "remove chat"),
-        ({"inputs": {}}, "give it `inputs`"),
-    ],
-)
-def test_a_tool_node_has_no_llm_fields(
-    plain: dict[str, Any], extra: dict[str, Any], message: str
-) -> None:
-    plain["nodes"]["t"].update(extra)
-    err = refused(plain)
-    assert err.field == "nodes.t" and message in str(err)
-
-
-def test_a_reward_bound_to_a_tool_node(plain: dict[str, Any]) -> None:
-    plain["rewards"]["t"] = {"fn": "exact_answer"}
-    err = refused(plain)
-    assert err.field == "rewards.t" and "a tool node is not trained" in str(err)
-
-
-def test_a_reward_bound_to_a_tool_body_node(loop: dict[str, Any]) -> None:
-    loop["rewards"]["check"] = {"fn": "exact_answer"}
-    err = refused(loop)
-    assert err.field == "rewards.check@1" and "takes no reward binding" in str(err)
-
-
-@pytest.mark.parametrize(
-    ("node", "message"),
-    [
-        ({"template": "hi"}, "a node needs an `agent` (or a `tool`)"),
-        ({"agent": "a"}, "a node needs a `template` (or a `tool`)"),
-        ({}, "a node needs an `agent`"),
-    ],
-)
-def test_a_plain_node_needs_an_agent_and_a_template(
-    plain: dict[str, Any], node: dict[str, Any], message: str
-) -> None:
-    plain["nodes"]["z"] = node
-    err = refused(plain)
-    assert err.field == "nodes.z" and message in str(err)
-
-
 # --- loop refusals --------------------------------------------------------------------------
 
 
@@ -596,123 +379,6 @@ def test_a_loop_unrolling_past_the_node_limit(loop: dict[str, Any]) -> None:
         }
     err = refused(loop)
     assert err.field == "loops" and "the limit is 1,000" in str(err)
-
-
-# --- conditions on nodes ------------------------------------------------------------------
-
-
-def test_a_condition_on_a_node_that_is_not_an_input(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "z", "fn": "terminal"}]
-    err = refused(plain)
-    assert err.field == "nodes.y.when.0.node"
-    assert "reads 'z', which is not an input of this node; its inputs are [t, x]" in str(err)
-
-
-def test_top_level_conditions_load(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [
-        {"node": "t", "fn": "terminal", "negate": True},
-        {"node": "x", "fn": "matches", "params": {"pattern": r"\d+"}},
-    ]
-    spec = load(plain)
-    assert spec.nodes["y"].when[0] == WhenSpec(node="t", fn="terminal", negate=True)
-    assert gated(spec)
-
-
-def test_an_unknown_condition_lists_the_known(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "t", "fn": "terminal"}, {"node": "x", "fn": "has"}]
-    err = refused(plain)
-    assert err.field == "nodes.y.when.1.fn" and "unknown condition 'has'" in str(err)
-    assert "contains" in str(err) and "matches" in str(err) and "terminal" in str(err)
-
-
-@pytest.mark.parametrize("rounds", [1, 2])
-def test_an_unknown_condition_in_until(loop: dict[str, Any], rounds: int) -> None:
-    """Checked on the loop itself, so a one-round loop (no gate) is checked too."""
-    loop["loops"]["fix"]["rounds"] = rounds
-    loop["loops"]["fix"]["until"][0]["fn"] = "has"
-    err = refused(loop)
-    assert err.field == "loops.fix.until.0.fn" and "unknown condition 'has'" in str(err)
-    assert "contains" in str(err)
-
-
-@pytest.mark.parametrize(
-    ("params", "message"),
-    [
-        ({}, "missing a required argument: 'text'"),
-        ({"text": ""}, "`contains` needs a non-empty string `text`"),
-        ({"text": 3}, "`contains` needs a non-empty string `text`"),
-        ({"text": "yes", "case": True}, "unexpected keyword argument 'case'"),
-    ],
-)
-def test_contains_params(plain: dict[str, Any], params: dict[str, Any], message: str) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "x", "params": params}]  # fn defaults to contains
-    err = refused(plain)
-    assert err.field == "nodes.y.when.0.params" and message in str(err)
-
-
-def test_matches_needs_a_regular_expression(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "x", "fn": "matches", "params": {"pattern": "(a"}}]
-    err = refused(plain)
-    assert err.field == "nodes.y.when.0.params"
-    assert "pattern '(a' is not a regular expression" in str(err)
-
-
-def test_terminal_takes_no_params(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "t", "fn": "terminal", "params": {"text": "x"}}]
-    err = refused(plain)
-    assert err.field == "nodes.y.when.0.params" and "cannot take params" in str(err)
-
-
-def test_bad_until_params(loop: dict[str, Any]) -> None:
-    loop["loops"]["fix"]["until"][0]["params"] = {"text": ""}
-    err = refused(loop)
-    assert err.field == "loops.fix.until.0.params" and "non-empty string" in str(err)
-
-
-def test_a_misspelt_condition_key(plain: dict[str, Any]) -> None:
-    plain["nodes"]["y"]["when"] = [{"node": "x", "negated": True}]
-    err = refused(plain)
-    assert err.field == "nodes.y.when.0.negated"
-
-
-# --- rollout and selection policies -------------------------------------------------------
-
-
-def test_april_refuses_tool_nodes(plain: dict[str, Any]) -> None:
-    plain["run"] = {"rollout": {"policy": "april"}}
-    err = refused(plain)
-    assert err.field == "run.rollout"
-    assert "april" in str(err) and "tool or conditional nodes (t)" in str(err)
-
-
-def test_april_refuses_conditional_nodes(plain: dict[str, Any]) -> None:
-    plain["nodes"]["t"] = {"agent": "a", "template": "{x}", "inputs": {"x": "per_sample"}}
-    plain["run"] = {"rollout": {"policy": "april"}}
-    load(plain)  # no tool, no condition: april takes it
-    plain["nodes"]["y"]["when"] = [{"node": "t", "params": {"text": "go"}}]
-    err = refused(plain)
-    assert err.field == "run.rollout" and "conditional nodes (y)" in str(err)
-
-
-def test_april_refuses_a_loop(loop: dict[str, Any]) -> None:
-    loop["run"] = {"rollout": {"policy": "april"}}
-    err = refused(loop)
-    assert err.field == "run.rollout" and "check@1" in str(err)
-
-
-def test_sera_refuses_a_loop(loop: dict[str, Any]) -> None:
-    loop["run"] = {"select": {"policy": "sera"}}
-    err = refused(loop)
-    assert err.field == "run.select"
-    assert "sera selection policy merges the groups" in str(err) and "turn credit" in str(err)
-    assert "`select: {policy: all}` with loops" in str(err)  # a policy that exists
-    loop["run"] = {"select": {"policy": "all"}}
-    assert load(loop).run.select.policy == "all"
-
-
-def test_sera_takes_a_top_level_tool(plain: dict[str, Any]) -> None:
-    plain["run"] = {"select": {"policy": "sera"}}
-    assert load(plain).run.select.merges_groups  # no loop: no turn credit to break
 
 
 # --- defects found while writing these tests (now fixed) ------------------------------
