@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.schema import SegmentKey
+from storage.schema import SampleBatch, SegmentKey
 from storage.store import MEGStore
 from storage.table import Table
 
@@ -48,21 +48,31 @@ class Audit:
     steps_unverified: int = 0
 
 
-def accounting_problems(table: Table, step: int, rec: dict[str, Any]) -> list[str] | None:
-    """What is wrong with the trainer's accounting of one step (None: not recorded)."""
+def read_parts(table: Table, segments: list[str]) -> dict[int, SampleBatch]:
+    """A consumption record's rows, per micro-batch: each read once (the audit's version
+    check takes them together, its accounting check one by one)."""
+    by_mb: dict[int, list[str]] = defaultdict(list)
+    for sid in segments:
+        by_mb[SegmentKey.parse(sid).micro_batch].append(sid)
+    return {j: table.read(segments=ids) for j, ids in sorted(by_mb.items())}
+
+
+def accounting_problems(
+    parts: dict[int, SampleBatch], step: int, rec: dict[str, Any]
+) -> list[str] | None:
+    """What is wrong with the trainer's accounting of one step (None: not recorded);
+    `parts`: the step's rows per micro-batch (`read_parts`)."""
     trained = rec.get("extra", {}).get("trained")
     if trained is None:
         return None
-    by_mb: dict[int, list[str]] = defaultdict(list)
-    for sid in rec["segments"]:
-        by_mb[SegmentKey.parse(sid).micro_batch].append(sid)
     out = []
     seen = [int(j) for j, _, _ in trained]
     if len(seen) != len(set(seen)):
         out.append(f"step {step}: micro-batches trained more than once: {sorted(seen)}")
     counts = {int(j): (int(t), int(q)) for j, t, q in trained}
-    for j in sorted(set(by_mb) | set(counts)):
-        batch = table.read(segments=by_mb.get(j, [])).trainable()  # what a trainer reads
+    for j in sorted(set(parts) | set(counts)):
+        part = parts.get(j)
+        batch = SampleBatch.empty() if part is None else part.trainable()  # a trainer reads
         stored = (int(batch.response_lengths.sum()), len(batch))
         if counts.get(j) != stored:
             out.append(
@@ -143,7 +153,8 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
             allowed = int(extra.get("staleness", 0)) if extra.get("mode") == "async" else 0
             carry = int(extra.get("max_carry", 0))
             before = int(extra["version_before"])
-            batch = table.read(segments=rec["segments"])
+            parts = read_parts(table, rec["segments"])
+            batch = SampleBatch.concat(list(parts.values()))
             lag = before - batch.policy_version  # (N,)
             oldest = before
             if carry:  # a continued row's oldest tokens are older than the row's version
@@ -159,7 +170,7 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
                 problems.append(
                     f"{agent} step {k}: {bad} rows outside versions [{before - allowed}, {before}]"
                 )
-            wrong = accounting_problems(table, k, rec)
+            wrong = accounting_problems(parts, k, rec)
             if wrong is None:
                 unverified += 1
             else:

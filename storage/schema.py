@@ -47,6 +47,12 @@ class SegmentKey:
         """Stable, sortable, path-safe id, e.g. ``k000003-m0001-solve``."""
         return f"k{self.step:06d}-m{self.micro_batch:04d}-{self.node}"
 
+    @staticmethod
+    def prefix(step: int, micro_batch: int | None = None) -> str:
+        """What the ids of a step's segments (of one micro-batch) start with: a listing
+        filters names by it before parsing any."""
+        return f"k{step:06d}-" + ("" if micro_batch is None else f"m{micro_batch:04d}-")
+
     @classmethod
     def parse(cls, segment_id: str) -> SegmentKey:
         m = _ID_RE.match(segment_id)
