@@ -346,9 +346,11 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
             ship_plugins(run, workers)
             track.roles = (len(workers.rollout), len(workers.train))
             results, t0, wall = execute(run, workers, params.executor)
-            if params.export_final:  # a cluster of ours exports on its worker: flows.export
+            # the summary first (a failed export loses none of it), then the exports while
+            # the cluster is up: a cluster of ours exports on its worker (flows.export)
+            out = finalize(run, results, t0, wall, workers, params)
+            if params.export_final:
                 export_final(run, None if cluster.scheduler else workers, params.export)
-        out = finalize(run, results, t0, wall, workers, params)
         if params.export_final:
             track.log_models(run.dir / "final")
     return out
