@@ -111,7 +111,7 @@ def host_of(ctx: RunContext, agent: str) -> tuple[Any, float]:
     hand_over_hosts(ctx)
     key, backend, model, opts = _host_args(ctx, unit)
     warm = is_hosted(key)
-    if not warm and ctx.engine_slots:  # the balancer moved a host here: see make_room
+    if not warm and ctx.engine_slots:  # a new engine here: at most engine_slots (make_room)
         make_room(f"{ctx.run_id}/", ctx.engine_slots - 1)
     host = get_host(key, backend, model, **opts)
     return host, 0.0 if warm else time.time() - t0

@@ -48,6 +48,7 @@ class Steps:
                 node=h.kwargs.get("node"),  # a generate's node (the pipeline asks if a tool's)
                 decode_tokens=0,
                 score=None,  # a generate's fused score (one-node MEGs only)
+                startup=0.0,  # a generate's seconds spent starting its engine
                 timing=SimpleNamespace(start=0.0, end=0.0, seconds=0.0, step=h.step),
                 task=h,
             )
