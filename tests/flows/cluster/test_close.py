@@ -48,3 +48,24 @@ def test_a_worker_slow_to_exit_finishes_its_clean_up(
         assert marker.read_text() == "done" and not killed
     else:
         assert not marker.exists() and killed
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_an_error_closes_its_cluster_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`dask_cluster` gives a finished run's workers their grace; a run stopped by an error
+    (or Ctrl-C) closes the Dask way, a slow worker killed 4 s in, and the error goes on."""
+    from flows.cluster.start import ClusterConfig, dask_cluster
+
+    marker = tmp_path / "exited"
+    with caplog.at_level(logging.WARNING, logger="distributed.nanny"):
+        with pytest.raises(RuntimeError, match="stopped"):
+            with dask_cluster(ClusterConfig(colocate=True)) as workers:
+                address = workers.address
+                with Client(address) as client:
+                    client.run(_slow_exit, str(marker), 6.0)
+                raise RuntimeError("stopped")
+    assert "still alive" in caplog.text and not marker.exists()
+    with pytest.raises(OSError):
+        Client(address, timeout=2)
