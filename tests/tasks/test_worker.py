@@ -1,5 +1,6 @@
 """Worker-local state (`tasks.worker`): a run's rollout host, built once per worker process,
-and the seconds its start took, which the rollout balancer leaves out."""
+the seconds its start took (which the rollout balancer leaves out), the engines a worker
+holds at most, and their share of a GPU."""
 
 from __future__ import annotations
 
