@@ -49,6 +49,7 @@ cannot be read locally (a hub name) keeps the two-worker cluster.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from engines.devices import CPU_KV_CACHE_BYTES, total_ram
@@ -71,12 +72,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def visible_gpus(env: dict[str, str] | None = None, dev: Path = Path("/dev")) -> int:
+def visible_gpus(env: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> int:
     """NVIDIA GPUs the workers of a local cluster would see: `CUDA_VISIBLE_DEVICES` when set
     (CUDA stops at the first invalid entry, such as -1 or an empty one), else the device
     files `/dev/nvidia0`, `/dev/nvidia1`, ..."""
-    env = os.environ if env is None else env
-    listed = env.get("CUDA_VISIBLE_DEVICES")
+    listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return sum(1 for f in dev.glob("nvidia*") if f.name[len("nvidia") :].isdigit())
     n = 0
