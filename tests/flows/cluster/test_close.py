@@ -1,4 +1,4 @@
-"""Closing a cluster the run started (`flows.cluster.start.close_local`): every worker
+"""Closing a cluster the run started (`flows.cluster.close.close_local`): every worker
 process is left to exit on its own, its clean-up included, instead of being killed 4 s in."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from distributed import Client, LocalCluster
 
-from flows.cluster.start import close_local
+from flows.cluster.close import close_local
 
 
 def _slow_exit(marker: str, seconds: float) -> None:
