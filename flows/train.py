@@ -26,9 +26,10 @@ from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
 from flows.export import export_final
 from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
+from flows.orchestrator.futures import WatchUnit
 from flows.orchestrator.pipeline import Pipeline
 from flows.orchestrator.planning import scoring_plan
-from flows.orchestrator.watch import watch_step
+from flows.orchestrator.watch import UNIT_SECONDS, watch_steps
 from flows.report.artifacts import publish, reward_curve, timeline
 from flows.report.logs import orchestrator_logs
 from flows.report.metrics import reward_gain, summary, timings
@@ -96,7 +97,8 @@ class TrainParams(BaseModel):
     )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
-        description="hybrid: plain Dask futures per node, one Prefect task run per step; "
+        description="hybrid: plain Dask futures per node, a Prefect task run per step (per "
+        "second of steps when they are shorter); "
         "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
     )
     checkpoint_every: int | None = Field(
@@ -204,14 +206,15 @@ def run_pipeline(
 ) -> tuple[list[Any], float, float]:
     """Phase 3: the training loop over steps, as a bounded window of compiled steps.
 
-    `watch`: one Prefect task run per step (`flows.orchestrator.watch.watch_step`) over its
-    futures."""
+    `watch`: Prefect task runs over the steps' futures, one a step or, for steps shorter
+    than a second, one per second of steps (`flows.orchestrator.watch.watch_steps`)."""
     steps = run.ctx.steps
     agents = [
         a for a in run.ctx.spec.agents if any(n.agent == a for n in run.ctx.spec.nodes.values())
     ]
     t0 = time.time()
     watchers: list[Any] = []
+    unit: WatchUnit | None = None
     track = active(run.ctx.run_id)
     progress = Progress(agents, steps - run.start_step, run.start_step)
     with orchestrator_logs(), progress:  # the balancer's and allocator's moves in the log
@@ -225,11 +228,17 @@ def run_pipeline(
                 pipe.submit_rollout(k)  # generate every node, score each group when it can
                 pipe.submit_training(k)  # accumulate micro-batches, step, publish
                 if watch:
-                    watchers.append(watch_step.submit(k, pipe.step_log(k)))
+                    log = pipe.step_log(k)
+                    if unit is None or not unit.add(log):  # a new task run from step k on
+                        unit = WatchUnit(k, log, UNIT_SECONDS)
+                        watchers.append(watch_steps.submit(k, unit))
             results = pipe.finish()
         except BaseException as e:
             pipe.abort(e)  # the per-step task runs fail with the run instead of waiting
             raise
+        finally:
+            if unit is not None:
+                unit.close()
         for w in watchers:
             w.result()
     return results, t0, time.time() - t0
@@ -246,7 +255,8 @@ def pipeline_flow(
 ) -> list[Any]:
     """The compiled task graph. `per_node`: every generate/score/train/step is a Prefect task
     run (this flow then runs on a DaskTaskRunner); otherwise the nodes are plain Dask futures
-    and one Prefect task run per step covers them (`flows.orchestrator.watch`)."""
+    and one Prefect task run per step (per second of steps, when they are shorter) covers
+    them (`flows.orchestrator.watch`)."""
     run = resume_point(load_run(Path(run_dir)))
     workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
     if per_node:

@@ -217,6 +217,16 @@ class SampleBatch:
     def replace(self, **columns: np.ndarray) -> SampleBatch:
         return SampleBatch(**{**self.columns(), **columns})
 
+    def with_scores(self, reward: Any, advantage: Any, status: Any) -> SampleBatch:
+        """These rows with their score segment joined on, in the types the store keeps (what
+        `Table.read` returns once `Table.write_scores` committed the same values)."""
+        n = len(self)
+        return self.replace(
+            reward=np.asarray(reward, np.float32).reshape(n),
+            advantage=np.asarray(advantage, np.float32).reshape(n),
+            score_status=np.asarray(status, np.str_).reshape(n),
+        )
+
     def take(self, index: np.ndarray | Sequence[int]) -> SampleBatch:
         """Rows at ``index`` (ints or a boolean mask), in that order."""
         idx = np.asarray(index)

@@ -31,6 +31,7 @@ from engines.training.echo import echo_clips
 from engines.training.trainer import AgentTrainer
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext
+from tasks.refs import GenRef
 from tasks.worker import slots_of, store_of, tokenizer_of
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,35 @@ def read_scored(
     infos = [i for i in found.values() if i is not None]
     # tool rows and skipped invocations are stored with the agent's, never trained
     batch = table.read(segments=[i.segment_id for i in infos]).trainable()
+    _check_scored(batch, agent, step, mb)
+    return batch, tuple(i.segment_id for i in infos)
+
+
+def scored_rows(
+    ctx: RunContext, agent: str, step: int, mb: int, after: tuple[Any, ...] = ()
+) -> tuple[SampleBatch, tuple[str, ...]]:
+    """A's scored rows of (step, micro-batch) and their segment ids: as the fused generate
+    tasks in `after` handed them over (`GenRef.scored`) when they cover every node of A,
+    else read from the store (`read_scored`). Both are the committed rows and scores."""
+    held = {
+        r.node: (r.scored, r.segment.segment_id)
+        for r in after
+        if isinstance(r, GenRef)
+        and r.scored is not None
+        and (r.agent, r.step, r.micro_batch) == (agent, step, mb)
+    }
+    nodes = nodes_of(ctx, agent)
+    if set(held) != set(nodes):
+        return read_scored(ctx, agent, step, mb)
+    parts = [held[n][0] for n in nodes]
+    batch = parts[0] if len(parts) == 1 else SampleBatch.concat(parts)
+    _check_scored(batch, agent, step, mb)
+    return batch, tuple(held[n][1] for n in nodes)
+
+
+def _check_scored(batch: SampleBatch, agent: str, step: int, mb: int) -> None:
     if len(batch) and not np.all(np.isfinite(batch.advantage)):
         raise RuntimeError(f"agent {agent!r} step {step} micro-batch {mb}: rows are not all scored")
-    return batch, tuple(i.segment_id for i in infos)
 
 
 def already_stepped(ctx: RunContext, agent: str, step: int) -> dict[str, Any] | None:

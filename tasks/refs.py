@@ -3,6 +3,11 @@
 The driver plans episodes, adds up what tasks return (progress, summary, the per-step Prefect
 task run) and never imports the task bodies, which need torch and the engines; so these live
 apart from them.
+
+One exception to "small": `GenRef.scored`, the scored rows of a micro-batch whose agent has
+this one node, which Dask hands from the generate task to the train task that depends on it
+(worker to worker) so that the trainer does not read back what was just committed. The
+driver drops them from every `GenRef` it receives (`flows.orchestrator.pipeline`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from storage.schema import SampleBatch
 from storage.table import SegmentRef
 from tasks.context import Timing
 from workloads.datasets import TaskItem
@@ -40,6 +46,9 @@ class GenRef:
     segment_tokens: int = 0  # response tokens of this segment (what training will read)
     score: ScoreRef | None = None  # its score group, when scored inside this task (pipeline)
     startup: float = 0.0  # seconds of `timing` spent bringing this worker's engine up (once)
+    # the committed rows with their committed scores (`SampleBatch.with_scores`), trainable
+    # rows only, when the fused score covers every node of the agent; else None
+    scored: SampleBatch | None = None
 
 
 @dataclass(frozen=True, slots=True)

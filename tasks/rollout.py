@@ -31,7 +31,7 @@ from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
 from tasks.gating import can_skip, plan_row, skipped, skipped_rows
 from tasks.refs import Episode, GenRef
-from tasks.scoring import score_micro_batch
+from tasks.scoring import score_rows
 from tasks.tool_calls import commit_tool_segment, tool_rows
 from tasks.watch import sample_watched, watch_for
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
@@ -381,9 +381,13 @@ def generate(
     `score`: the score group that waits on this node alone, scored here right after the
     segment is committed, from the rows in hand (the pipeline fuses it for a one-node MEG:
     one task hop and one store read less a step). Its `ScoreRef` rides in `GenRef.score`,
-    its own `Timing` after the generate's."""
+    its own `Timing` after the generate's; when the node is its agent's only node, the
+    scored rows ride in `GenRef.scored` to the train task (no read back from the store)."""
     min_version = weights.version if weights is not None else base_version
     ref, batch = generate_segment(ctx, node, step, mb, episodes, min_version)
     if score is None:
         return ref
-    return replace(ref, score=score_micro_batch(ctx, step, mb, episodes, score, {node: batch}))
+    scored, joined = score_rows(ctx, step, mb, episodes, score, {node: batch})
+    alone = [n for n, s in ctx.spec.nodes.items() if s.agent == ref.agent] == [node]
+    hand = joined[node].trainable() if alone and node in joined else None
+    return replace(ref, score=scored, scored=hand)

@@ -176,16 +176,20 @@ def without_skipped(scored: ScoredRows, batch: SampleBatch) -> ScoredRows:
     )
 
 
-def score_micro_batch(
+def score_rows(
     ctx: RunContext,
     step: int,
     mb: int,
     episodes: tuple[Episode, ...],
     group: ScoreGroup,
     held: dict[str, SampleBatch] | None = None,
-) -> ScoreRef:
+) -> tuple[ScoreRef, dict[str, SampleBatch]]:
     """Score `group.nodes` of micro-batch (step, mb); their rewards see `group.loads`, read
-    from the store unless `held` has their committed rows already (a fused generate)."""
+    from the store unless `held` has their committed rows already (a fused generate).
+
+    Returns the score task's ref and each scored node's rows with the scores just committed
+    joined on: what `Table.read` of the two segments returns, without reading them back (a
+    fused generate hands them to the trainer, `tasks.refs.GenRef.scored`)."""
     spec = ctx.spec
     watch = Stopwatch("score", "-", step, mb)
     plugins_of(ctx)  # rewards of the user's own modules
@@ -210,18 +214,20 @@ def score_micro_batch(
         b = batches[node]
         rows[node] = (b, without_skipped(apply_failure_rule(rule, raw[node], b.group_id), b))
     looped = loop_advantages(ctx, rows, views)
+    joined: dict[str, SampleBatch] = {}
     for node, (b, scored) in rows.items():
         adv = looped[node] if node in looped else advantages_for(ctx, node, b, scored, episodes)
         st.table(spec.nodes[node].agent).write_scores(
             SegmentKey(step, mb, node), b.sample_id, scored.reward, adv, scored.status
         )
+        joined[node] = b.with_scores(scored.reward, adv, scored.status)
         agent = spec.nodes[node].agent
         sums[node] = RewardSum.of(scored.reward)
         per_agent[agent] += sums[node]
         failed[agent] += raw[node].failed
     team_nodes = set(spec.team_nodes or sinks(spec)) & set(rows)
     team = sum((sums[n] for n in team_nodes), RewardSum())
-    return ScoreRef(
+    ref = ScoreRef(
         step,
         mb,
         group.nodes,
@@ -240,6 +246,7 @@ def score_micro_batch(
             "",
         ),
     )
+    return ref, joined
 
 
 @task(
@@ -256,4 +263,4 @@ def score(
     group: ScoreGroup,
     after: tuple[Any, ...] = (),
 ) -> ScoreRef:
-    return score_micro_batch(ctx, step, mb, episodes, group)
+    return score_rows(ctx, step, mb, episodes, group)[0]

@@ -2,9 +2,10 @@
 
 `train_micro_batch(A, k, j)` (body: `accumulate_micro_batch`) binds agent A to a training
 slot on this worker (the slot manager swaps the least-recently-used agent out through the
-StateStore if none is free), reads A's scored rows of (k, j) from the store, and accumulates
-gradients. Pending gradients are part of the swapped state, so another agent may use the slot
-between two micro-batches. `optimizer_step(A, k)` (body: `step_agent`) steps once — only on
+StateStore if none is free), takes A's scored rows of (k, j) (from the generate task that
+handed them over when A has one node, else from the store), and accumulates gradients.
+Pending gradients are part of the swapped state, so another agent may use the slot between
+two micro-batches. `optimizer_step(A, k)` (body: `step_agent`) steps once — only on
 exactly the step's micro-batches (see `tasks.accounting`, which also rebuilds a trainer a dead
 worker lost) — publishes version k+1 for the rollout hosts, writes the consumption log that
 makes the consistency rule auditable from the store, and checkpoints (always at the run's last
@@ -29,7 +30,7 @@ from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Url
-from tasks.accounting import accumulate_part, acquire, already_stepped, read_scored
+from tasks.accounting import accumulate_part, acquire, already_stepped, scored_rows
 from tasks.context import RunContext, Stopwatch
 from tasks.order import parts_before
 from tasks.refs import HandOverRef, StepRef, TrainRef
@@ -55,9 +56,13 @@ def trainer_factory(ctx: RunContext, agent: str) -> Any:
     return build
 
 
-def accumulate_micro_batch(ctx: RunContext, agent: str, step: int, mb: int) -> TrainRef:
+def accumulate_micro_batch(
+    ctx: RunContext, agent: str, step: int, mb: int, after: tuple[Any, ...] = ()
+) -> TrainRef:
+    """`after`: what the task waited for; the rows come from its fused generates when they
+    carry them (`GenRef.scored`), else from the store."""
     watch = Stopwatch("train_micro_batch", agent, step, mb)
-    batch, segment_ids = read_scored(ctx, agent, step, mb)
+    batch, segment_ids = scored_rows(ctx, agent, step, mb, after)
     versions = tuple(int(v) for v in np.unique(batch.policy_version))
 
     def done(loss: float) -> TrainRef:
@@ -178,7 +183,7 @@ def hand_over_agent(
 def train_micro_batch(
     ctx: RunContext, agent: str, step: int, mb: int, after: tuple[Any, ...] = ()
 ) -> TrainRef:
-    return accumulate_micro_batch(ctx, agent, step, mb)
+    return accumulate_micro_batch(ctx, agent, step, mb, after)
 
 
 @task(

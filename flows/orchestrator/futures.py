@@ -117,3 +117,42 @@ class StepLog:
         if self.error is not None:
             raise RuntimeError(f"step {self.step} failed: {self.error}") from self.error
         return list(self.refs)
+
+
+class WatchUnit:
+    """Consecutive steps that one Prefect task run watches (`flows.orchestrator.watch`).
+
+    A task run costs the driver and the Prefect server CPU whatever it covers (its events,
+    its states; measured ~20 ms a run on 2 cores, 8% of a 0.25 s step). So a unit stays open
+    for the steps the driver submits until its watcher has seen `seconds` of them: steps of a
+    second or more get a task run each, as before; a tiny job's 0.25 s steps share one run
+    four or five at a time. The driver `add`s each step's log (False once the unit closed: the
+    step then opens a new unit); the watcher takes them in order (`next`) and closes the
+    unit, or the driver does at the end of the run."""
+
+    def __init__(self, step: int, log: StepLog, seconds: float) -> None:
+        self.first, self.seconds = step, seconds
+        self._logs = [log]
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def add(self, log: StepLog) -> bool:
+        with self._cond:
+            if self._closed:
+                return False
+            self._logs.append(log)
+            self._cond.notify_all()
+            return True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def next(self) -> StepLog | None:
+        """The next step's log, in submission order; None once the unit is closed and
+        every log added before was taken."""
+        with self._cond:
+            while not self._logs and not self._closed:
+                self._cond.wait()
+            return self._logs.pop(0) if self._logs else None

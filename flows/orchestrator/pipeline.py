@@ -315,6 +315,8 @@ class Pipeline:
         refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
         self._pending = still
         for (kind, handle, worker, host, est), ref in zip(done, refs, strict=True):
+            if getattr(ref, "scored", None) is not None:  # rows for the trainer, not for us
+                ref = replace(ref, scored=None)
             self.futures.finished(handle, ref)
             self._collect(kind, ref, worker, host, est)
             if kind == "generate" and ref.score is not None:  # fused: as if a score task

@@ -1,23 +1,31 @@
-"""The coarse Prefect unit of the hybrid executor: one task run per training step.
+"""The coarse Prefect unit of the hybrid executor: one task run per training step, or per
+run of short steps.
 
 Measured here (bench/e2e.py, 2026-11-30): with tiny models a Prefect task run per node and
 micro-batch cost 51–64% of the step time on 2 cores. The design says what to do then: a
 Prefect task covers a coarser unit and the fine-grained dataflow runs as plain Dask futures
-beneath it. `watch_step` is that unit: submitted when step k is compiled, it waits until the
+beneath it. `watch_steps` is that unit: submitted when step k is compiled, it waits until the
 pipeline has collected every result of the step (a `StepLog`: results are fetched once, by
 the driver), so its task run spans the step's real execution; its logs list every node of
 every micro-batch (worker, rows, tokens, seconds) and its result is the step's summary. It
 runs on the flow's own thread pool and never occupies a Dask worker.
+
+Even one task run a step costs: ~20 ms of driver and server CPU a run (2026-12-06, 2 cores:
+a one-agent job of 0.25 s steps took 0.251 s a step with a run per step, 0.231 s with no
+Prefect task at all). So a task run watches steps until it has seen `UNIT_SECONDS` of them
+(`flows.orchestrator.futures.WatchUnit`): a step of a second or more keeps its own task run,
+as before; 0.25 s steps are watched four or five to a run, named after the first.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.orchestrator.pipeline import StepLog
+from flows.orchestrator.futures import StepLog, WatchUnit
 from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef, TrainRef
 
 
@@ -52,9 +60,28 @@ def describe(ref: Any) -> str:
     return repr(ref)
 
 
+UNIT_SECONDS = 1.0  # the least wall time one task run watches, if the steps last less
+
+
 @task(name="step", task_run_name="step {step}", persist_result=False, cache_policy=NO_CACHE)
-def watch_step(step: int, results: StepLog) -> dict[str, Any]:
-    """Wait for every fine-grained task of `step`; log each one; return the step summary."""
+def watch_steps(step: int, unit: WatchUnit) -> list[dict[str, Any]]:
+    """Watch the steps of `unit`, from `step` on, until it has seen `unit.seconds` of them
+    (then it closes the unit: the driver opens the next) or the driver closed it; the
+    summary of each."""
+    start, summaries = time.monotonic(), []
+    try:
+        while (log := unit.next()) is not None:
+            summaries.append(watch_one(log))
+            if time.monotonic() - start >= unit.seconds:
+                unit.close()  # the steps added meanwhile are still taken
+    finally:
+        unit.close()  # a failed step: the driver opens no further step here
+    return summaries
+
+
+def watch_one(results: StepLog) -> dict[str, Any]:
+    """Wait for every fine-grained task of a step; log each one; return the step summary."""
+    step = results.step
     refs = results.wait()  # a failed task raises here and fails this run too
     # one log record per step (not per task): every record is an API call the server handles
     lines = [describe(ref) for ref in sorted(refs, key=lambda r: r.timing.start)]

@@ -11,13 +11,16 @@ from typing import Any
 
 import pytest
 import yaml
+from prefect.logging import disable_run_logger
 
 from flows.cluster.start import Workers
-from flows.orchestrator.futures import StepLog
+from flows.orchestrator.futures import StepLog, WatchUnit
 from flows.orchestrator.pipeline import Pipeline, task_priority
 from flows.orchestrator.placement import need_order
+from flows.orchestrator.watch import watch_steps
 from meg import build_spec, load_meg, topological_order, validate
-from tasks.context import RunContext
+from tasks.context import RunContext, Timing
+from tasks.refs import StepRef
 from workloads import BUILTIN
 from workloads.rewards import known_rewards
 
@@ -171,6 +174,59 @@ def test_step_log_hands_over_results_or_the_failure() -> None:
     failed.fail(ValueError("worker died"))
     with pytest.raises(RuntimeError, match="step 4 failed: worker died"):
         failed.wait()
+
+
+def test_a_watch_unit_takes_steps_until_it_closes() -> None:
+    """The driver adds each step's log to the open unit; the watcher takes them in order, and
+    closing the unit refuses further steps but keeps the ones already added."""
+    logs = [StepLog(k, expected=1) for k in range(4)]
+    unit = WatchUnit(0, logs[0], seconds=1.0)
+    assert unit.add(logs[1])
+    assert unit.next() is logs[0] and unit.next() is logs[1]
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(unit.next()))
+    t.start()
+    t.join(timeout=0.2)
+    assert t.is_alive()  # waits for the driver's next step
+    assert unit.add(logs[2])
+    t.join(timeout=10)
+    assert got == [logs[2]]
+    assert unit.add(logs[3])
+    unit.close()
+    assert not unit.add(StepLog(4, expected=1))  # the driver opens a new unit for step 4
+    assert unit.next() is logs[3] and unit.next() is None
+
+
+def test_a_watcher_covers_steps_for_its_seconds_then_hands_on() -> None:
+    """`watch_steps` (the Prefect task's body) summarises each step it takes; a unit of 0 s
+    closes after its first step, one of an hour takes every step until the driver closes it;
+    a failed step fails it and closes the unit."""
+
+    def done(k: int) -> StepLog:
+        log = StepLog(k, expected=1)
+        timing = Timing("optimizer_step", "a", k, -1, "tcp://w", 0.0, 0.1)
+        log.add(StepRef("a", k, k + 1, False, 0.5, 1.0, False, timing))
+        return log
+
+    with disable_run_logger():  # the body outside a task run: Prefect's null run logger
+        short = WatchUnit(0, done(0), seconds=0.0)
+        assert short.add(done(1))  # added before the watcher ran: still its step
+        assert [s["step"] for s in watch_steps.fn(0, short)] == [0, 1]
+        assert not short.add(done(2))
+        long = WatchUnit(2, done(2), seconds=3600.0)
+        got: list[Any] = []
+        t = threading.Thread(target=lambda: got.extend(watch_steps.fn(2, long)))
+        t.start()
+        assert long.add(done(3))
+        long.close()
+        t.join(timeout=10)
+        assert [(s["step"], s["versions"]) for s in got] == [(2, {"a": 3}), (3, {"a": 4})]
+        failed = StepLog(5, expected=1)
+        failed.fail(ValueError("worker died"))
+        broken = WatchUnit(5, failed, seconds=3600.0)
+        with pytest.raises(RuntimeError, match="step 5 failed"):
+            watch_steps.fn(5, broken)
+        assert not broken.add(done(6))
 
 
 def test_agents_sharing_a_base_are_placed_together() -> None:

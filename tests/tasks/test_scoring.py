@@ -1,8 +1,9 @@
-"""The score task's body (`score_micro_batch`) on hand-written rows of math-chain: rewards
+"""The score task's body (`score_rows`) on hand-written rows of math-chain: rewards
 read the decoded response text, so responses are encoded with the tiny model's tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -11,10 +12,11 @@ import pytest
 from flows.orchestrator.planning import scoring_plan
 from meg import InvocationPlan, ScoreGroup, expand_episode
 from storage.schema import SampleBatch, SegmentKey
-from tasks.accounting import read_scored
-from tasks.context import RunContext
-from tasks.refs import Episode, RewardSum, episode_id
-from tasks.scoring import score_micro_batch
+from tasks import accounting
+from tasks.accounting import read_scored, scored_rows
+from tasks.context import RunContext, Timing
+from tasks.refs import Episode, GenRef, RewardSum, episode_id
+from tasks.scoring import score_rows
 from tasks.worker import store_of, tokenizer_of
 from tests.tasks.conftest import math_chain
 from workloads.datasets import TaskItem, load_dataset
@@ -96,7 +98,7 @@ def test_solve_scores_are_exact_answer_rewards_and_group_advantages(chain) -> No
 
     group = group_of(ctx, "solve")
     assert group.nodes == ("solve",) and group.loads == ("solve",)  # exact_answer reads nothing
-    ref = score_micro_batch(ctx, 0, 0, episodes, group)
+    ref = score_rows(ctx, 0, 0, episodes, group)[0]
 
     scored = scores_by_sample(ctx, "solver", "solve")
     assert len(scored) == 8
@@ -128,7 +130,7 @@ def test_verify_scores_read_the_solver_answer_they_judge(chain) -> None:
 
     group = group_of(ctx, "verify")
     assert group.nodes == ("verify",) and set(group.loads) == {"solve", "verify"}
-    ref = score_micro_batch(ctx, 0, 0, episodes, group)
+    ref = score_rows(ctx, 0, 0, episodes, group)[0]
 
     scored = scores_by_sample(ctx, "verifier", "verify")
     assert len(scored) == 2 * 8  # n=2 per solver sample
@@ -142,3 +144,37 @@ def test_verify_scores_read_the_solver_answer_they_judge(chain) -> None:
     assert ref.team == RewardSum()  # the team node (solve) is not scored by this group
     solve = scores_by_sample(ctx, "solver", "solve")
     assert all(np.isnan(r) and np.isnan(a) for r, a in solve.values())  # left to its group
+
+
+def test_rows_handed_to_the_trainer_are_the_rows_it_would_read(new_ctx, monkeypatch) -> None:
+    """A fused generate hands its agent's trainer the scored rows (`GenRef.scored`) instead
+    of the trainer reading back the two segments just committed: the same rows, column for
+    column and type for type (strings: a width of their own); without them (a resumed ref, another micro-batch) the trainer
+    reads the store."""
+    ctx = new_ctx()  # one agent (solver), one node (solve)
+    train = load_dataset(ctx.spec.dataset).train
+    episodes = tuple((episode_id(0, i), train[i]) for i in range(len(SOLVE_CORRECT)))
+    batch = commit_rows(ctx, "solve", 0, 0, episodes, solver_answers)  # as built, in memory
+    score, joined = score_rows(ctx, 0, 0, episodes, group_of(ctx, "solve"), {"solve": batch})
+    stored, segments = read_scored(ctx, "solver", 0, 0)
+    hand = joined["solve"].trainable()
+    for name, column in stored.columns().items():
+        got = getattr(hand, name)
+        # strings: the same values, a width of their own (the store reads back its widest)
+        assert got.dtype == column.dtype or got.dtype.kind == column.dtype.kind == "U", name
+        assert np.array_equal(got, column, equal_nan=got.dtype.kind == "f"), name
+
+    table = store_of(ctx).table("solver")
+    segment = table.ref(table.has_segment(SegmentKey(0, 0, "solve")))
+    timing = Timing("generate", "solver", 0, 0, "w", 0.0, 1.0)
+    ref = GenRef("solve", "solver", 0, 0, segment, len(batch), 0, (0,), False, timing)
+    ref = dataclasses.replace(ref, score=score, scored=hand)
+    calls: list[int] = []
+    monkeypatch.setattr(
+        accounting, "read_scored", lambda c, a, k, mb: calls.append(mb) or (stored, segments)
+    )
+    got, ids = scored_rows(ctx, "solver", 0, 0, (ref,))
+    assert got is hand and ids == segments and calls == []  # in hand: no read
+    scored_rows(ctx, "solver", 0, 0, (dataclasses.replace(ref, scored=None),))
+    scored_rows(ctx, "solver", 0, 1, (ref,))  # its rows are micro-batch 0's
+    assert calls == [0, 1]

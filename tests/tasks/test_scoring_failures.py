@@ -13,7 +13,7 @@ from meg.spec import RewardSpec
 from tasks.accounting import read_scored
 from tasks.context import RunContext
 from tasks.refs import Episode, RewardSum
-from tasks.scoring import score_micro_batch
+from tasks.scoring import score_rows
 from tasks.worker import store_of
 from tests.tasks.conftest import math_chain
 from tests.tasks.test_scoring import SOLVE_CORRECT, commit_rows, group_of, solver_answers
@@ -67,7 +67,7 @@ def score_solve(ctx: RunContext) -> tuple[object, dict[str, tuple[float, float, 
     train = load_dataset(ctx.spec.dataset).train
     episodes: tuple[Episode, ...] = tuple((episode_id(0, i), train[i]) for i in range(2))
     commit_rows(ctx, "solve", 0, 0, episodes, solver_answers)
-    ref = score_micro_batch(ctx, 0, 0, episodes, group_of(ctx, "solve"))
+    ref = score_rows(ctx, 0, 0, episodes, group_of(ctx, "solve"))[0]
     b = store_of(ctx).table("solver").read(step=0, node="solve", micro_batch=0)
     rows = {
         str(s): (float(r), float(a), str(st))
