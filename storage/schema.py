@@ -217,6 +217,11 @@ class SampleBatch:
     def replace(self, **columns: np.ndarray) -> SampleBatch:
         return SampleBatch(**{**self.columns(), **columns})
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the columns in memory (what moving the batch between processes costs)."""
+        return sum(int(c.nbytes) for c in self.columns().values())
+
     def with_scores(self, reward: Any, advantage: Any, status: Any) -> SampleBatch:
         """These rows with their score segment joined on, in the types the store keeps (what
         `Table.read` returns once `Table.write_scores` committed the same values)."""

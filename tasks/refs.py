@@ -4,10 +4,11 @@ The driver plans episodes, adds up what tasks return (progress, summary, the per
 task run) and never imports the task bodies, which need torch and the engines; so these live
 apart from them.
 
-One exception to "small": `GenRef.scored`, the scored rows of a micro-batch whose agent has
-this one node, which Dask hands from the generate task to the train task that depends on it
-(worker to worker) so that the trainer does not read back what was just committed. The
-driver drops them from every `GenRef` it receives (`flows.orchestrator.pipeline`).
+One exception to "small": `GenRef.scored`, the scored rows (at most 1 MiB) of a micro-batch
+whose agent has this one node, which Dask hands from the generate task to the train task
+that depends on it (worker to worker) so that the trainer does not read back what was just
+committed. The driver drops them from every `GenRef` it receives
+(`flows.orchestrator.pipeline`).
 """
 
 from __future__ import annotations

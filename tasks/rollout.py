@@ -31,7 +31,7 @@ from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
 from tasks.gating import can_skip, plan_row, skipped, skipped_rows
 from tasks.refs import Episode, GenRef
-from tasks.scoring import score_rows
+from tasks.scoring import rows_to_hand, score_rows
 from tasks.tool_calls import commit_tool_segment, tool_rows
 from tasks.watch import sample_watched, watch_for
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
@@ -388,6 +388,4 @@ def generate(
     if score is None:
         return ref
     scored, joined = score_rows(ctx, step, mb, episodes, score, {node: batch})
-    alone = [n for n, s in ctx.spec.nodes.items() if s.agent == ref.agent] == [node]
-    hand = joined[node].trainable() if alone and node in joined else None
-    return replace(ref, score=scored, scored=hand)
+    return replace(ref, score=scored, scored=rows_to_hand(ctx, node, joined))

@@ -12,11 +12,11 @@ import pytest
 from flows.orchestrator.planning import scoring_plan
 from meg import InvocationPlan, ScoreGroup, expand_episode
 from storage.schema import SampleBatch, SegmentKey
-from tasks import accounting
+from tasks import accounting, scoring
 from tasks.accounting import read_scored, scored_rows
 from tasks.context import RunContext, Timing
 from tasks.refs import Episode, GenRef, RewardSum, episode_id
-from tasks.scoring import score_rows
+from tasks.scoring import rows_to_hand, score_rows
 from tasks.worker import store_of, tokenizer_of
 from tests.tasks.conftest import math_chain
 from workloads.datasets import TaskItem, load_dataset
@@ -147,17 +147,18 @@ def test_verify_scores_read_the_solver_answer_they_judge(chain) -> None:
 
 
 def test_rows_handed_to_the_trainer_are_the_rows_it_would_read(new_ctx, monkeypatch) -> None:
-    """A fused generate hands its agent's trainer the scored rows (`GenRef.scored`) instead
-    of the trainer reading back the two segments just committed: the same rows, column for
-    column and type for type (strings: a width of their own); without them (a resumed ref, another micro-batch) the trainer
-    reads the store."""
+    """A fused generate hands its agent's trainer the scored rows (`GenRef.scored`, up to
+    `HAND_MAX_BYTES`) instead of the trainer reading back the two segments just committed:
+    the same rows, column for column and type for type (strings: a width of their own).
+    Without them (a resumed ref, another micro-batch) the trainer reads the store."""
     ctx = new_ctx()  # one agent (solver), one node (solve)
     train = load_dataset(ctx.spec.dataset).train
     episodes = tuple((episode_id(0, i), train[i]) for i in range(len(SOLVE_CORRECT)))
     batch = commit_rows(ctx, "solve", 0, 0, episodes, solver_answers)  # as built, in memory
     score, joined = score_rows(ctx, 0, 0, episodes, group_of(ctx, "solve"), {"solve": batch})
     stored, segments = read_scored(ctx, "solver", 0, 0)
-    hand = joined["solve"].trainable()
+    hand = rows_to_hand(ctx, "solve", joined)
+    assert hand is not None and 0 < hand.nbytes <= scoring.HAND_MAX_BYTES
     for name, column in stored.columns().items():
         got = getattr(hand, name)
         # strings: the same values, a width of their own (the store reads back its widest)
@@ -178,3 +179,6 @@ def test_rows_handed_to_the_trainer_are_the_rows_it_would_read(new_ctx, monkeypa
     scored_rows(ctx, "solver", 0, 0, (dataclasses.replace(ref, scored=None),))
     scored_rows(ctx, "solver", 0, 1, (ref,))  # its rows are micro-batch 0's
     assert calls == [0, 1]
+    # rows past the cap stay in the store: the driver fetches every GenRef too
+    monkeypatch.setattr(scoring, "HAND_MAX_BYTES", hand.nbytes - 1)
+    assert rows_to_hand(ctx, "solve", joined) is None
