@@ -9,6 +9,8 @@ task will need again. Both keep the scheduler's memory flat over a long run (ben
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 # Task kind → position of the step in its key: generate (node, k, j), score (k, j, group),
@@ -123,21 +125,32 @@ class WatchUnit:
     """Consecutive steps that one Prefect task run watches (`flows.orchestrator.watch`).
 
     A task run costs the driver and the Prefect server CPU whatever it covers (its events,
-    its states; measured ~20 ms a run on 2 cores, 8% of a 0.25 s step). So a unit stays open
-    for the steps the driver submits until its watcher has seen `seconds` of them: steps of a
-    second or more get a task run each, as before; a tiny job's 0.25 s steps share one run
-    four or five at a time. The driver `add`s each step's log (False once the unit closed: the
-    step then opens a new unit); the watcher takes them in order (`next`) and closes the
-    unit, or the driver does at the end of the run."""
+    its states; measured ~20 ms a run on 2 cores, 8% of a 0.25 s step). So a unit takes the
+    steps the driver submits within `seconds` of its first: steps that come a second or
+    more apart get a task run each, as before; a tiny job's 0.25 s steps share one, four at
+    a time. The driver `add`s each step's log; False means the unit is past its time (it
+    closes then) and the step opens a new unit. The watcher takes the logs in order
+    (`next`) until the unit is closed and empty; the driver closes the last unit at the end
+    of the run."""
 
-    def __init__(self, step: int, log: StepLog, seconds: float) -> None:
-        self.first, self.seconds = step, seconds
+    def __init__(
+        self,
+        step: int,
+        log: StepLog,
+        seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.first, self.seconds, self._clock = step, seconds, clock
+        self._opened = clock()
         self._logs = [log]
         self._closed = False
         self._cond = threading.Condition()
 
     def add(self, log: StepLog) -> bool:
         with self._cond:
+            if not self._closed and self._clock() - self._opened >= self.seconds:
+                self._closed = True
+                self._cond.notify_all()
             if self._closed:
                 return False
             self._logs.append(log)

@@ -12,14 +12,14 @@ runs on the flow's own thread pool and never occupies a Dask worker.
 
 Even one task run a step costs: ~20 ms of driver and server CPU a run (2026-12-06, 2 cores:
 a one-agent job of 0.25 s steps took 0.251 s a step with a run per step, 0.231 s with no
-Prefect task at all). So a task run watches steps until it has seen `UNIT_SECONDS` of them
-(`flows.orchestrator.futures.WatchUnit`): a step of a second or more keeps its own task run,
-as before; 0.25 s steps are watched four or five to a run, named after the first.
+Prefect task at all). So a task run watches the steps the driver submits within
+`UNIT_SECONDS` of its first (`flows.orchestrator.futures.WatchUnit`): steps a second or more
+apart keep a task run each, as before; 0.25 s steps are watched four to a run, which is
+named after the first.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -60,22 +60,19 @@ def describe(ref: Any) -> str:
     return repr(ref)
 
 
-UNIT_SECONDS = 1.0  # the least wall time one task run watches, if the steps last less
+UNIT_SECONDS = 1.0  # steps submitted within this of a task run's first share that task run
 
 
 @task(name="step", task_run_name="step {step}", persist_result=False, cache_policy=NO_CACHE)
 def watch_steps(step: int, unit: WatchUnit) -> list[dict[str, Any]]:
-    """Watch the steps of `unit`, from `step` on, until it has seen `unit.seconds` of them
-    (then it closes the unit: the driver opens the next) or the driver closed it; the
-    summary of each."""
-    start, summaries = time.monotonic(), []
+    """Watch the steps of `unit`, from `step` on, until the unit is closed and every step
+    in it is watched; the summary of each."""
+    summaries = []
     try:
         while (log := unit.next()) is not None:
             summaries.append(watch_one(log))
-            if time.monotonic() - start >= unit.seconds:
-                unit.close()  # the steps added meanwhile are still taken
     finally:
-        unit.close()  # a failed step: the driver opens no further step here
+        unit.close()  # a failed step: the driver opens a new unit for the next step
     return summaries
 
 

@@ -176,11 +176,14 @@ def test_step_log_hands_over_results_or_the_failure() -> None:
         failed.wait()
 
 
-def test_a_watch_unit_takes_steps_until_it_closes() -> None:
-    """The driver adds each step's log to the open unit; the watcher takes them in order, and
-    closing the unit refuses further steps but keeps the ones already added."""
+def test_a_watch_unit_takes_the_steps_of_its_first_second() -> None:
+    """The driver adds each step's log to the open unit while the unit is younger than its
+    seconds; the watcher takes them in order. Past its time the unit refuses the next step
+    (which opens a new unit) and closes, keeping the steps already added."""
+    now = [0.0]
     logs = [StepLog(k, expected=1) for k in range(4)]
-    unit = WatchUnit(0, logs[0], seconds=1.0)
+    unit = WatchUnit(0, logs[0], seconds=1.0, clock=lambda: now[0])
+    now[0] = 0.4
     assert unit.add(logs[1])
     assert unit.next() is logs[0] and unit.next() is logs[1]
     got: list[Any] = []
@@ -188,19 +191,24 @@ def test_a_watch_unit_takes_steps_until_it_closes() -> None:
     t.start()
     t.join(timeout=0.2)
     assert t.is_alive()  # waits for the driver's next step
+    now[0] = 0.8
     assert unit.add(logs[2])
     t.join(timeout=10)
     assert got == [logs[2]]
+    now[0] = 0.9
     assert unit.add(logs[3])
-    unit.close()
-    assert not unit.add(StepLog(4, expected=1))  # the driver opens a new unit for step 4
+    now[0] = 1.0
+    assert not unit.add(StepLog(4, expected=1))  # a second on: step 4 opens a new unit
     assert unit.next() is logs[3] and unit.next() is None
+    ended = WatchUnit(5, StepLog(5, expected=1), seconds=3600.0)
+    ended.close()  # the run's last unit, closed by the driver
+    assert not ended.add(StepLog(6, expected=1))
 
 
-def test_a_watcher_covers_steps_for_its_seconds_then_hands_on() -> None:
-    """`watch_steps` (the Prefect task's body) summarises each step it takes; a unit of 0 s
-    closes after its first step, one of an hour takes every step until the driver closes it;
-    a failed step fails it and closes the unit."""
+def test_a_watcher_covers_its_units_steps() -> None:
+    """`watch_steps` (the Prefect task's body) summarises each step of its unit until the
+    unit is closed: steps a second apart get one each; a failed step fails it and closes
+    the unit."""
 
     def done(k: int) -> StepLog:
         log = StepLog(k, expected=1)
@@ -209,16 +217,17 @@ def test_a_watcher_covers_steps_for_its_seconds_then_hands_on() -> None:
         return log
 
     with disable_run_logger():  # the body outside a task run: Prefect's null run logger
-        short = WatchUnit(0, done(0), seconds=0.0)
-        assert short.add(done(1))  # added before the watcher ran: still its step
-        assert [s["step"] for s in watch_steps.fn(0, short)] == [0, 1]
-        assert not short.add(done(2))
-        long = WatchUnit(2, done(2), seconds=3600.0)
+        now = [0.0]
+        alone = WatchUnit(0, done(0), seconds=1.0, clock=lambda: now[0])
+        now[0] = 1.2
+        assert not alone.add(done(1))  # a step 1.2 s later: a task run of its own
+        assert [s["step"] for s in watch_steps.fn(0, alone)] == [0]
+        shared = WatchUnit(2, done(2), seconds=3600.0)
         got: list[Any] = []
-        t = threading.Thread(target=lambda: got.extend(watch_steps.fn(2, long)))
+        t = threading.Thread(target=lambda: got.extend(watch_steps.fn(2, shared)))
         t.start()
-        assert long.add(done(3))
-        long.close()
+        assert shared.add(done(3))
+        shared.close()
         t.join(timeout=10)
         assert [(s["step"], s["versions"]) for s in got] == [(2, {"a": 3}), (3, {"a": 4})]
         failed = StepLog(5, expected=1)
