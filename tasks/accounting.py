@@ -64,10 +64,6 @@ def acquire(ctx: RunContext, agent: str, step: int, upto: int, build: Any) -> Ag
     raise AssertionError("unreachable")
 
 
-def nodes_of(ctx: RunContext, agent: str) -> list[str]:
-    return [n for n, spec in ctx.spec.nodes.items() if spec.agent == agent]
-
-
 def read_scored(
     ctx: RunContext, agent: str, step: int, mb: int
 ) -> tuple[SampleBatch, tuple[str, ...]]:
@@ -76,7 +72,7 @@ def read_scored(
     Every node of A commits a segment in every micro-batch (possibly with no rows), so a
     missing one is an error: treating it as empty would train a partial batch."""
     table = store_of(ctx).table(agent)
-    nodes = nodes_of(ctx, agent)
+    nodes = ctx.nodes_of(agent)
     found = {n: table.has_segment(SegmentKey(step, mb, n)) for n in nodes}
     missing = [n for n, i in found.items() if i is None]
     if missing:
@@ -104,7 +100,7 @@ def scored_rows(
         and r.scored is not None
         and (r.agent, r.step, r.micro_batch) == (agent, step, mb)
     }
-    nodes = nodes_of(ctx, agent)
+    nodes = ctx.nodes_of(agent)
     if set(held) != set(nodes):
         return read_scored(ctx, agent, step, mb)
     parts = [held[n][0] for n in nodes]

@@ -75,6 +75,10 @@ class RunContext:
     def last_step(self) -> int:
         return self.steps - 1
 
+    def nodes_of(self, agent: str) -> list[str]:
+        """The MEG's nodes that `agent` serves, in the MEG's order."""
+        return [n for n, node in self.spec.nodes.items() if node.agent == agent]
+
     @property
     def state_url(self) -> str:
         """StateStore root: published weights, swapped-out trainer states, checkpoints."""

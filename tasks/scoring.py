@@ -258,7 +258,7 @@ def rows_to_hand(ctx: RunContext, node: str, joined: dict[str, SampleBatch]) -> 
     GenRef, over whatever link joins it to the cluster; a read from the store saves ~10 ms
     a micro-batch, which matters for a tiny batch's step and not for a large one's."""
     agent = ctx.spec.nodes[node].agent
-    if node not in joined or [n for n, s in ctx.spec.nodes.items() if s.agent == agent] != [node]:
+    if node not in joined or ctx.nodes_of(agent) != [node]:
         return None
     rows = joined[node].trainable()
     return rows if rows.nbytes <= HAND_MAX_BYTES else None

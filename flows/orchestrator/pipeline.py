@@ -232,7 +232,7 @@ class Pipeline:
         score, groups = self.futures["score"], range(len(self.groups))
         if self.ctx.mode == "sync":
             return [score[(k, jj, g)] for jj in range(self.ctx.run.micro_batches) for g in groups]
-        nodes = {n for n, spec in self.ctx.spec.nodes.items() if spec.agent == agent}
+        nodes = set(self.ctx.nodes_of(agent))
         return [score[(k, j, g)] for g in groups if nodes & set(self.groups[g].nodes)]
 
     def submit_training(self, k: int) -> None:
