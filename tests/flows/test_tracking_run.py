@@ -38,17 +38,30 @@ pytestmark = [
 ]
 
 
-def wandb_records(run_dir: Path) -> dict[str, list[Any]]:
-    """The records of the run's offline wandb file, by type (history, config, artifact...).
+def wandb_records(run_dir: Path, timeout: float = 60.0) -> dict[str, list[Any]]:
+    """The records of the run's offline wandb file, by type (history, config, artifact...),
+    once the file holds the run's `exit` record.
+
+    `run.finish()` returns when wandb-core has handled the exit, but the stream's writer
+    closes the file afterwards, on its own (the finish notice to the service is
+    fire-and-forget): on a loaded machine the last records land a moment later. So the file
+    is read until its `exit` record is there, for up to `timeout` seconds.
 
     wandb 0.30 dropped its Python reader (its core is Go now), so the file is read here: a
     7-byte header (":W&B", magic, version), then LevelDB-log records in 32 KiB blocks — a
     7-byte record header (CRC, little-endian length, type FULL/FIRST/MIDDLE/LAST) and its
-    piece of one protobuf `Record`."""
+    piece of one protobuf `Record`. A record still being written (cut short) is left off."""
+    [path] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    end = time.monotonic() + timeout
+    while "exit" not in (records := _wandb_file_records(path.read_bytes())):
+        assert time.monotonic() < end, f"{path} has no exit record after {timeout:.0f} s"
+        time.sleep(0.2)
+    return records
+
+
+def _wandb_file_records(data: bytes) -> dict[str, list[Any]]:
     from wandb.proto import wandb_internal_pb2
 
-    [path] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
     assert data[:4] == b":W&B"
     pos, block, pieces, out = 7, 32768, b"", {}
     while pos + 7 <= len(data):
@@ -56,6 +69,8 @@ def wandb_records(run_dir: Path) -> dict[str, list[Any]]:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # still being written
+            break
         pieces += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
