@@ -58,8 +58,9 @@ ARM_LABELS = {
     "ours-dask-malloc": "ours on the default cluster, workers with Dask's malloc setting",
     "ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads",
     "ours-async-1": "ours on the default cluster in async mode, staleness 1 (off-policy)",
-    "ours-auto": "flexmarl train with no cluster settings: the layout it chooses "
-    "(flows.cluster.layout), a cluster of its own per run",
+    "ours-auto": "flexmarl train with no cluster settings and no backend: the layout and "
+    "the rollout backend it chooses (flows.cluster.layout, flows.runs.backend), a cluster "
+    "of its own per run",
     "ours-auto-cN": "ours-auto planned for N cores (--cores N; more than the machine has: "
     "oversubscribed)",
 }

@@ -49,14 +49,14 @@ def parse_sizes(text: str, steps: int) -> list[Job]:
 
 def meg_config(job: Job, model: str, out: Path, backend: str = "vllm") -> Path:
     """The one-node MEG of `job` with its agent on rollout `backend`, written next to the
-    runs."""
+    runs (`auto`: no `backend` written, the run chooses, as for a user who names none)."""
     data = {
         "name": f"peer-{job.label}",
         "description": "single-agent GRPO, the TRL peer benchmark's job",
         "agents": {
             AGENT: {
                 "model": model,
-                "backend": backend,
+                **({} if backend == "auto" else {"backend": backend}),
                 "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": job.max_tokens},
                 "optim": {"lr": job.lr, "grad_clip": job.grad_clip},
                 "loss": {

@@ -19,8 +19,9 @@ failure there is recorded in `trl_errors`, not fatal; `--no-trl-vllm` skips it).
 the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on both sides;
 `trl_over_ours` = TRL's step_s / ours (> 1: we are faster).
 
-`ours-auto` (always) is `flexmarl train` with no cluster settings, on a cluster of its own
-per run: the layout a user gets (`flows.cluster.layout`); `trl_over_ours_default` (largest
+`ours-auto` (always) is `flexmarl train` with no cluster settings and no `backend:` in its
+MEG, on a cluster of its own per run: the layout and the rollout backend a user gets
+(`flows.cluster.layout`, `flows.runs.backend`); `trl_over_ours_default` (largest
 size) and `trl_over_ours_small` (smallest) are TRL over it. `--auto-cores 4` adds
 `ours-auto-c4`, the same planned for 4 cores (`--cores 4`).
 
@@ -72,7 +73,7 @@ from bench.peer_arms import (
     Extras,
     Ours,
 )
-from bench.peer_job import NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
+from bench.peer_job import AGENT, NODE, REWARD, Job, meg_config, parse_sizes, trl_rows
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 
 SIZES = "8x4x32,64x4x128"
@@ -91,6 +92,9 @@ def run_ours(job: Job, cfg: Path, run_dir: Path, o: Ours) -> dict[str, Any]:
         "reward_curve": [r["team_reward"] for r in per_step],
         "completion_tokens": [round(r["decode_tokens"] / samples, 2) for r in per_step],
         "violations": out["consistency"]["violations"],
+        "backend": json.loads((run_dir / "run.json").read_text())["spec"]["agents"][AGENT][
+            "backend"
+        ],  # as the run resolved it (`auto`: chosen)
     }
 
 
@@ -128,6 +132,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if "violations" in runs[0]:
         out["violations"] = max(r["violations"] for r in runs)
+        out["backend"] = runs[0]["backend"]
     return out
 
 
@@ -215,9 +220,9 @@ def measure(
             ours["ours-hf"] = Ours(addresses["ours"], backend="hf")
         if extras.stale:
             ours["ours-async-1"] = Ours(addresses["ours-default"], ASYNC)
-        ours["ours-auto"] = Ours(None)
+        ours["ours-auto"] = Ours(None, backend="auto")
         for n in extras.auto_cores:
-            ours[f"ours-auto-c{n}"] = Ours(None, cluster=ClusterConfig(cores=n))
+            ours[f"ours-auto-c{n}"] = Ours(None, backend="auto", cluster=ClusterConfig(cores=n))
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
 
 

@@ -27,9 +27,11 @@ from typing import Any
 import numpy as np
 from prefect import flow
 
+from flows.cluster.layout import visible_gpus
 from flows.eval_agentic import Sampled, loop_finals, tool_samples
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from flows.eval_params import EvalParams
+from flows.runs.backend import choose_backends
 from flows.runs.config import load_config
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
@@ -234,7 +236,11 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     """Greedy rewards per node, per agent and for the team on the chosen split."""
     t0 = time.time()
     check_checkpoint(p.base, p.checkpoint)
-    spec = load_config(p.config, check_models=p.base)
+    spec, notes = choose_backends(  # in this process: its own machine
+        load_config(p.config, check_models=p.base), visible_gpus(), own_cluster=True
+    )
+    for note in notes:
+        print(note)
     items = eval_tasks(spec, p.split, p.limit)
     tasks = {
         f"eval{i}" if p.repeats == 1 else f"eval{i}.{r}": item

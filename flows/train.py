@@ -20,7 +20,7 @@ from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster.bootstrap import refuse_while_spawning
-from flows.cluster.layout import for_meg
+from flows.cluster.layout import for_meg, visible_gpus
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
@@ -35,6 +35,7 @@ from flows.report.logs import orchestrator_logs
 from flows.report.metrics import reward_gain, summary, timings
 from flows.report.progress import Progress
 from flows.report.tracking import active, fan_out, tracking
+from flows.runs.backend import choose_backends
 from flows.runs.config import load_config
 from flows.runs.record import (
     Run,
@@ -145,6 +146,9 @@ def plan(p: TrainParams) -> Run:
     if problem := step_samples_problem(spec, spec.run.episodes_per_step):
         given = sources["episodes_per_step"] == "cli"
         raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
+    asked = spec.agents
+    spec, notes = choose_backends(spec, visible_gpus(), own_cluster=not p.cluster.scheduler)
+    chosen = {f"agents.{a}.backend": "auto" for a in asked if asked[a] != spec.agents[a]}
     ctx = RunContext(
         run_id=f"{spec.name}-{stamp}",
         store_url=p.store or default_store(run_dir),
@@ -152,7 +156,7 @@ def plan(p: TrainParams) -> Run:
         train_slots=p.cluster.train_slots,
         rollout_gpu_share=p.cluster.rollout_gpu_share,
     )
-    return Run(run_dir, ctx, dict(sources))
+    return Run(run_dir, ctx, {**sources, **chosen}, notes=tuple(notes))
 
 
 def resumed(p: TrainParams, run: Run) -> Run:
@@ -347,6 +351,8 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
     refuse_while_spawning("flexmarl train")  # a script without the main guard, re-imported
     run = prepare(params)
+    for note in run.notes:
+        print(note)
     cluster = layout(run, params.cluster)
     with run_tracking(run, cluster) as track:  # run.tracking: opened before the cluster
         with dask_cluster(cluster) as workers, ExitStack() as held:

@@ -199,11 +199,11 @@ def validate(
         for k, n in spec.nodes.items()
         if spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None
     }
-    on_vllm = sorted(a for a in drafted if spec.agents[a].backend != "hf")
+    on_vllm = sorted(a for a in drafted if spec.agents[a].backend == "vllm")
     if on_vllm:  # the agents srt drafts for (`RolloutPolicy.speculation`)
         raise fail(
             "the srt rollout policy drafts and verifies on the hf backend; set "
-            f"`backend: hf` for {', '.join(on_vllm)}",
+            f"`backend: hf` (or leave `backend` out) for {', '.join(on_vllm)}",
             "run.rollout",
         )
     if spec.run.select.merges_groups:

@@ -182,7 +182,11 @@ class AgentSpec(_Frozen):
 
     model: str = Field(description="Local model directory or Hugging Face hub name.")
     tokenizer: str | None = Field(None, description="Defaults to `model`.")
-    backend: Literal["vllm", "hf"] = "vllm"
+    backend: Literal["auto", "vllm", "hf"] = Field(
+        "auto",
+        description="Rollout engine. `auto`: chosen when the run starts (hf for a small "
+        "model on short prompts on a CPU, else vllm: flows.runs.backend).",
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Precision of the trainer and of the rollout engine."
     )

@@ -280,6 +280,11 @@ def known_backends() -> list[str]:
 
 def make_backend(name: str, model_path: str | Path, **opts: Any) -> RolloutBackend:
     """Build a registered backend; an unknown name raises listing the known ones."""
+    if name == "auto":  # a MEG's default: made concrete when a run or evaluation is planned
+        raise UnknownBackendError(
+            "backend 'auto' is chosen when a run is planned (flows.runs.backend."
+            f"choose_backends); pass a spec that went through it, or one of {known_backends()}"
+        )
     try:
         cls = BACKENDS.get(name)
     except KeyError as e:

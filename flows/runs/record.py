@@ -51,9 +51,10 @@ class Run:
 
     dir: Path
     ctx: RunContext
-    sources: dict[str, str] = field(default_factory=dict)  # run setting → cli | meg | default
+    sources: dict[str, str] = field(default_factory=dict)  # setting → cli|meg|default|auto
     start_step: int = 0
     base_versions: dict[str, int] | None = None
+    notes: tuple[str, ...] = ()  # what the run chose for the user (printed, not recorded)
 
     def record(self) -> dict[str, Any]:
         c = self.ctx

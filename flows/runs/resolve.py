@@ -112,7 +112,11 @@ def continued(
     asked: dict[str, Any] = {}
     if meg is not None:
         mine = recorded.model_dump(mode="json", exclude={"run"})
-        where = first_difference(meg.model_dump(mode="json", exclude={"run"}), mine)
+        given = meg.model_dump(mode="json", exclude={"run"})
+        for name, agent in given["agents"].items():  # `auto`: what the run chose for it
+            if agent["backend"] == "auto" and name in mine["agents"]:
+                agent["backend"] = mine["agents"][name]["backend"]
+        where = first_difference(given, mine)
         if where is not None:
             raise ResolveError(
                 f"the MEG differs from the run's at `{where}`: --resume continues the run it "

@@ -20,7 +20,10 @@ from bench.peer_trl import main
 pytestmark = pytest.mark.slow
 
 
-def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
+def test_peer_trl_bench_small(
+    tmp_path: Path, prefect_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU path, on any machine
     out = tmp_path / "peer.json"
     # without `--before`: its extra arm (the cluster with Dask's malloc setting) cost ~35 s
     res = main(["--small", "--no-trl-vllm", "--json", str(out)])
@@ -42,9 +45,11 @@ def test_peer_trl_bench_small(tmp_path: Path, prefect_server: str) -> None:
     assert s["ours"]["violations"] == 0
     assert s["ours_step_s"] > 0 and s["trl_step_s"] > 0 and s["trl_over_ours"] > 0
     assert s["trl_errors"] == {}
-    # the arm with no cluster settings: its own cluster, the layout flexmarl chooses
+    # the arm with no cluster settings and no backend: its own cluster, the layout and the
+    # backend flexmarl chooses (a 0.5 M-parameter model, 10-character prompts, no GPU: hf)
     auto = s["ours-auto"]
     assert auto["steps"] == steps and auto["violations"] == 0
+    assert auto["backend"] == "hf" and s["ours"]["backend"] == "vllm"
     assert s["trl_over_auto"] == round(s["trl_step_s"] / auto["step_s"], 3)
     assert res["trl_over_ours_default"] == res["trl_over_ours_small"] == s["trl_over_auto"]
 

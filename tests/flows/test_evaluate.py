@@ -162,3 +162,25 @@ def test_policy_sampling_with_repeats(tmp_path: Path, tiny_model: str) -> None:
     assert len({e["outputs"]["solve"][0] for e in first}) > 1  # the repeats sampled apart
     assert len({e["outputs"]["solve"][0] for e in greedy["examples"][:3]}) == 1
     assert run("policy")["examples"] == sampled["examples"]  # seeded
+
+
+def test_an_agent_left_to_auto_is_evaluated_on_the_backend_a_run_would_choose(
+    tmp_path: Path,
+    tiny_model: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No `backend:` in the MEG: `evaluate` chooses as a run does (here hf: a 0.5 M model,
+    short prompts, no GPU seen) and says so; the same MEG on `backend: hf` samples the
+    same greedy answers."""
+    from bench.peer_job import Job, meg_config
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU rule, on any machine
+    cfg = meg_config(Job(2, 2, 4, 2), tiny_model, tmp_path, backend="auto")
+    chosen = evaluate(EvalParams(config=str(cfg), base=True, limit=4))
+    assert "backend: hf for policy: 0.5 M parameters" in capsys.readouterr().out
+    fixed = meg_config(Job(2, 2, 4, 2), tiny_model, tmp_path, backend="hf")
+    assert (
+        evaluate(EvalParams(config=str(fixed), base=True, limit=4))["examples"]
+        == (chosen["examples"])
+    )

@@ -284,6 +284,9 @@ def test_srt_loads_and_needs_every_agent_on_the_hf_backend(
     base["run"] = {"rollout": {"policy": "srt"}}
     base["agents"]["b"]["backend"] = "vllm"
     err = refused(base, tmp_path)
-    assert err.field == "run.rollout" and "set `backend: hf` for b" in str(err)
+    assert err.field == "run.rollout" and "(or leave `backend` out) for b" in str(err)
+    del base["agents"]["b"]["backend"]  # `auto`: the run chooses hf for a drafted agent
+    assert load(base, tmp_path).agents["b"].backend == "auto"
+    base["agents"]["b"]["backend"] = "vllm"
     base["agents"]["b"]["sampling"] = {"max_tokens": 4}  # a verdict: sampled plainly
     assert load(base, tmp_path).agents["b"].backend == "vllm"
