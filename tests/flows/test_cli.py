@@ -113,7 +113,7 @@ def test_prompts_that_can_outgrow_the_context_are_refused_before_the_run(
     assert "field `agents.verifier.model`" in err and "Traceback" not in err, err
 
 
-def _lora_fanout(tmp_path: Path, model: str, **lora_of: object) -> Path:
+def _lora_fanout(tmp_path: Path, model: str, backend: str | None = None, **lora_of: object) -> Path:
     import yaml
 
     from workloads import BUILTIN
@@ -121,6 +121,8 @@ def _lora_fanout(tmp_path: Path, model: str, **lora_of: object) -> Path:
     data = yaml.safe_load(BUILTIN["fanout"].read_text())
     for name, agent in data["agents"].items():
         agent["model"] = model
+        if backend is not None:
+            agent["backend"] = backend
         if name in lora_of:
             agent["lora"] = lora_of[name]
     cfg = tmp_path / "fanout.yaml"
@@ -197,11 +199,19 @@ def test_lora_mistakes_are_found_before_anything_starts(
     assert "agents.planner.lora.target_modules" in err and "c_attn" in err
     assert "Traceback" not in err
     gpt2 = build_tiny_model(tmp_path / "gpt2", family="gpt2")
-    cfg = _lora_fanout(tmp_path, str(gpt2), planner=True)  # backend: vllm by default
+    cfg = _lora_fanout(tmp_path, str(gpt2), backend="vllm", planner=True)
     assert main(["train", str(cfg), "--run-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "agents.planner.backend" in err and "backend: hf" in err
     assert not (tmp_path / "r").exists()
+    # left to the run (`backend: auto`), the same agents are put on the engine that serves
+    # adapters on GPT-2, and nothing is refused
+    from flows.train import TrainParams, check
+
+    cfg = _lora_fanout(tmp_path, str(gpt2), planner=True)
+    run = check(TrainParams(config=str(cfg), run_dir=str(tmp_path / "r")))
+    assert {a.backend for a in run.ctx.spec.agents.values()} == {"hf"}
+    assert "vLLM serves no LoRA adapters on this architecture" in run.notes[0]
 
 
 def test_a_worker_named_after_a_role_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
