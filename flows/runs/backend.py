@@ -55,9 +55,13 @@ def pick(facts: ModelFacts, gpus: int, own_cluster: bool) -> tuple[str, str]:
         (not own_cluster, "the workers are another cluster's, their devices unknown here"),
         (gpus > 0, f"{gpus} GPU(s) seen"),
         (facts.parameters is None, "its size cannot be read here"),
-        (not facts.roots_only, "a node of its agents reads earlier answers: long prompts of varied lengths"),
         (
-            facts.prompt_chars is None or facts.prompt_chars > HF_MAX_PROMPT_CHARS,
+            not facts.roots_only,
+            "a node of its agents reads earlier answers: long prompts of varied lengths",
+        ),
+        (facts.prompt_chars is None, "its dataset cannot be read here to measure its prompts"),
+        (
+            (facts.prompt_chars or 0) > HF_MAX_PROMPT_CHARS,
             f"its prompts run over {HF_MAX_PROMPT_CHARS} characters",
         ),
         (

@@ -50,7 +50,7 @@ def test_pick_gives_hf_only_where_it_was_measured_faster() -> None:
         (ModelFacts(None, True, 10, None), 0, True, "its size cannot be read here"),
         (ModelFacts(500_000, False, None, None), 0, True, "reads earlier answers"),
         (long, 0, True, f"its prompts run over {HF_MAX_PROMPT_CHARS} characters"),
-        (unread, 0, True, "its prompts run over"),
+        (unread, 0, True, "its dataset cannot be read here"),
         (big, 0, True, "12.0 M parameters (hf is faster up to 12.0 M)"),
     ]:
         backend, why = pick(facts, gpus, own)
