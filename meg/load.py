@@ -85,6 +85,16 @@ def is_url(model: str) -> bool:
     return "://" in model and not model.startswith(("file://", HUB_PREFIX))
 
 
+def drafted_agents(spec: MEGSpec) -> set[str]:
+    """The agents speculative rollout drafts for: those of a node longer than a draft
+    (`RolloutPolicy.speculation`); only the `hf` backend does it."""
+    return {
+        n.agent
+        for k, n in spec.nodes.items()
+        if n.agent and spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None
+    }
+
+
 def validate(
     spec: MEGSpec,
     *,
@@ -194,12 +204,7 @@ def validate(
                 "`register_reward(..., decided=fn)`)",
                 "run.rollout",
             )
-    drafted = {
-        n.agent
-        for k, n in spec.nodes.items()
-        if spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None
-    }
-    on_vllm = sorted(a for a in drafted if spec.agents[a].backend == "vllm")
+    on_vllm = sorted(a for a in drafted_agents(spec) if spec.agents[a].backend == "vllm")
     if on_vllm:  # the agents srt drafts for (`RolloutPolicy.speculation`)
         raise fail(
             "the srt rollout policy drafts and verifies on the hf backend; set "

