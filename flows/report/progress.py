@@ -2,13 +2,21 @@
 
 On a terminal it is a rich Live table; elsewhere (CI, a Prefect worker's log) it prints one
 line per finished optimizer step, so logs stay readable. A Prefect progress artifact follows
-the finished steps.
+the finished steps, updated at most once a second (`ARTIFACT_EVERY_S`) and once at the end.
+
+Why throttle: each update is a request the Prefect server writes to its database. At the
+TRL peer job's 5 steps a second (8×4×32, 2-core VM, 2026-12-06) updating on every step cost
+the server 0.09 of a core against 0.05 without them, CPU the run's own workers then lacked
+(docs/peers.md). The UI's progress bar gains nothing from more than one update a second.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from rich.console import Console
@@ -17,10 +25,17 @@ from rich.table import Table
 
 from tasks.refs import GenRef, HandOverRef, RewardSum, ScoreRef, StepRef, TrainRef
 
+ARTIFACT_EVERY_S = 1.0  # seconds between two updates of the progress artifact (docstring)
+
 
 class Progress:
     def __init__(
-        self, agents: list[str], steps: int, start_step: int = 0, console: Console | None = None
+        self,
+        agents: list[str],
+        steps: int,
+        start_step: int = 0,
+        console: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.agents, self.steps, self.start = agents, steps, start_step
         self.console = console or Console(stderr=True)
@@ -40,6 +55,8 @@ class Progress:
         self.steps_done = 0
         self._live: Live | None = None
         self._artifact: Any = None
+        self._clock = clock
+        self._reported: tuple[float, int] | None = None  # (when, steps_done) of the last update
 
     def __enter__(self) -> Progress:
         if self.live_mode:
@@ -56,8 +73,19 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._reported is not None and self._reported[1] != self.steps_done:
+            with suppress(Exception):  # never hide the error a failing run is raising
+                self._report()  # the steps finished since the last (throttled) update
         if self._live is not None:
             self._live.__exit__(None, None, None)
+
+    def _report(self) -> None:
+        """Update the progress artifact to the finished agent-steps."""
+        from prefect.artifacts import update_progress_artifact
+
+        total = self.steps * len(self.agents)
+        update_progress_artifact(self._artifact, progress=100.0 * self.steps_done / total)
+        self._reported = (self._clock(), self.steps_done)
 
     def _table(self) -> Table:
         t = Table(title=f"flexmarl: {self.steps_done}/{self.steps} agent-steps done")
@@ -106,11 +134,8 @@ class Progress:
             self._live.update(self._table())
 
     def _on_step(self, ref: StepRef) -> None:
-        total = self.steps * len(self.agents)
-        if self._artifact is not None and self.steps_done % len(self.agents) == 0:
-            from prefect.artifacts import update_progress_artifact
-
-            update_progress_artifact(self._artifact, progress=100.0 * self.steps_done / total)
+        if self._artifact is not None and self._due():
+            self._report()
         if not self.live_mode:
             team = self.team[ref.step].mean
             tr = f" team reward {team:.3f}" if team is not None else ""
@@ -122,3 +147,13 @@ class Progress:
                 markup=False,
                 highlight=False,
             )
+
+    def _due(self) -> bool:
+        """Whether the artifact is updated now: every agent has finished the same number of
+        steps, and this is the first or the last step, or a second has passed since the last
+        update."""
+        if self.steps_done % len(self.agents):
+            return False
+        if self.steps_done == self.steps * len(self.agents) or self._reported is None:
+            return True
+        return self._clock() - self._reported[0] >= ARTIFACT_EVERY_S

@@ -161,14 +161,26 @@ def test_runs_publish_prefect_artifacts(tmp_path: Path, tiny_model: str, cluster
         f"math-chain-flex-{s}" for s in ("metrics", "reward-curve", "timeline", "meg", "summary")
     ] + ["flexmarl-progress"]
 
-    async def keys() -> set[str]:
+    async def artifacts() -> tuple[list[Any], dict[Any, Any]]:
+        """The artifacts, and each progress artifact's flow run → the flow run above it."""
         async with get_client() as client:
             arts = await client.read_artifacts(
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=wanted))
             )
-            return {a.key for a in arts if a.key}
+            parents = {}
+            for a in arts:
+                if a.key == wanted[-1]:  # made in the pipeline's subflow run
+                    sub = await client.read_flow_run(a.flow_run_id)
+                    task = await client.read_task_run(sub.parent_task_run_id)
+                    parents[a.flow_run_id] = task.flow_run_id
+            return arts, parents
 
-    assert asyncio.run(keys()) == set(wanted)
+    arts, parents = asyncio.run(artifacts())
+    assert {a.key for a in arts if a.key} == set(wanted)
+    # this run's progress bar ends full, though its updates are throttled
+    summary = max((a for a in arts if a.key == wanted[-2]), key=lambda a: a.created)
+    ours = [a.data for a in arts if parents.get(a.flow_run_id) == summary.flow_run_id]
+    assert ours == [100]
 
 
 def test_two_step_run_on_the_tied_qwen2_model(
