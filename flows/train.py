@@ -146,9 +146,8 @@ def plan(p: TrainParams) -> Run:
     if problem := step_samples_problem(spec, spec.run.episodes_per_step):
         given = sources["episodes_per_step"] == "cli"
         raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
-    asked = spec.agents
+    chosen = {f"agents.{a}.backend": "auto" for a, s in spec.agents.items() if s.backend == "auto"}
     spec, notes = choose_backends(spec, visible_gpus(), own_cluster=not p.cluster.scheduler)
-    chosen = {f"agents.{a}.backend": "auto" for a in asked if asked[a] != spec.agents[a]}
     ctx = RunContext(
         run_id=f"{spec.name}-{stamp}",
         store_url=p.store or default_store(run_dir),
