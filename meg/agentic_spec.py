@@ -20,16 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from meg.frozen import Frozen
 from meg.limits import MAX_ROUNDS, MAX_TIMEOUT_S
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CallSpec(_Frozen):
+class CallSpec(Frozen):
     """A registered function a node binds, run in the worker's reward processes: `fn`, its
     keyword `params` and a timeout per call (a reward's `RewardSpec`, a tool's `ToolSpec`)."""
 
@@ -58,7 +55,7 @@ class ToolSpec(CallSpec):
         return v
 
 
-class WhenSpec(_Frozen):
+class WhenSpec(Frozen):
     """A condition on the samples of one input node shown to an invocation: the registered
     condition `fn` (`contains`, `terminal`, `matches`, or a plug-in's) holds for each of them
     (`negate`: holds for none)."""
@@ -69,7 +66,7 @@ class WhenSpec(_Frozen):
     negate: bool = False
 
 
-class TurnOf(_Frozen):
+class TurnOf(Frozen):
     """Set by loop unrolling, not by hand: which loop and body node a node is a round of.
 
     The rounds of one body node are one agent's turns; the agent's `loss.credit` turns their
@@ -81,7 +78,7 @@ class TurnOf(_Frozen):
     entry: str = Field(description="The body node a round starts at (the loop's `again`).")
 
 
-class LoopSpec(_Frozen):
+class LoopSpec(Frozen):
     """A bounded loop, unrolled into nodes `{body}@{round}` for round 1..`rounds`.
 
     `body` holds one round's nodes (names without `@`; an input or placeholder naming a body

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from meg.frozen import Frozen
 from meg.limits import MAX_REWARD_PROCESSES, MAX_SEED, MAX_STEP_SAMPLES, MAX_TIMEOUT_S, MAX_WINDOW
 from meg.policies import AllPrompts, FullRollout, RolloutPolicy, SelectPolicy
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ScoringSpec(_Frozen):
+class ScoringSpec(Frozen):
     """How reward calls run and what a failing one costs (docs/rewards.md#failures).
 
     Every call runs in a reward process with a timeout; a call that raises, returns a
@@ -43,7 +40,7 @@ class ScoringSpec(_Frozen):
     )
 
 
-class RunSpec(_Frozen):
+class RunSpec(Frozen):
     """A run's settings. In a MEG file they are defaults; `flexmarl train` flags override
     them, and the run's resolved copy (`MEGSpec.run` of the spec in `run.json`) is the only
     place the pipeline, the tasks and a resume read them from (`flows.runs.config.resolve`).

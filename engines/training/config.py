@@ -14,7 +14,7 @@ from engines.training.advantages import ADVANTAGES
 from engines.training.aggregate import AGGREGATIONS
 from engines.training.lora import LoraConfig
 from engines.training.losses import ANCHORS, POLICY_LOSSES
-from meg.spec import AgentSpec, LossSpec, OptimSpec, SamplingSpec
+from meg.agent_spec import AgentSpec, LossSpec, OptimSpec, SamplingSpec
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -39,7 +39,7 @@ def autocast(device: torch.device, dtype: str) -> AbstractContextManager[Any]:
     return torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
-# the defaults of `optim:` and `loss:`, written once in the MEG spec (meg/spec.py)
+# the defaults of `optim:` and `loss:`, written once in the MEG spec (meg/agent_spec.py)
 _OPTIM, _LOSS, _SAMPLING = OptimSpec(), LossSpec(), SamplingSpec()
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from engines.training.catalog import loss_names, zero_at_zero_advantage
 from meg import MEGError, MEGSpec, is_hub_name, load_meg, validate
 from meg.sizes import context_problems
-from meg.spec import LossSpec
+from meg.agent_spec import LossSpec
 from workloads import plugins, resolve_config
 from workloads.datasets import GENERATORS
 from workloads.rewards import check_binding, known_rewards

@@ -1,6 +1,6 @@
 """One resolved run config: a MEG's `run:` section and the command line's values, merged once.
 
-Every run setting has one home, `RunSpec` (meg/spec.py). A MEG file gives its defaults,
+Every run setting has one home, `RunSpec` (meg/run_spec.py). A MEG file gives its defaults,
 `flexmarl train` flags of the same name override them (`TrainParams`: None means "not
 given"), and `resolve` merges the two into a new frozen spec whose `run` holds the values the
 run uses — with where each came from: `cli`, `meg` (the MEG file set it) or `default`

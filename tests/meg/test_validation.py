@@ -190,7 +190,7 @@ def test_grad_clip_zero_disables_clipping_and_validates(
 def test_train_config_takes_every_spec_field() -> None:
     """One source of truth: every optim/loss field reaches the trainer, by name."""
     from engines.training.trainer import TrainConfig
-    from meg.spec import AgentSpec, LossSpec, OptimSpec
+    from meg.agent_spec import AgentSpec, LossSpec, OptimSpec
 
     agent = AgentSpec(
         model="m",
@@ -222,7 +222,7 @@ def test_a_default_agent_is_a_default_train_config() -> None:
 def test_lora_spec_reaches_the_trainer_field_by_field() -> None:
     from engines.training.lora import LoraConfig
     from engines.training.trainer import TrainConfig
-    from meg.spec import AgentSpec, LoraSpec
+    from meg.agent_spec import AgentSpec, LoraSpec
 
     lora = {"r": 4, "alpha": 8.0, "dropout": 0.1, "target_modules": ["q_proj"]}
     cfg = TrainConfig.from_agent(AgentSpec(model="m", lora=lora))

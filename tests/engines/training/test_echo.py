@@ -17,7 +17,7 @@ from engines.training.aggregate import aggregate
 from engines.training.batch import build_microbatch, token_logprobs
 from engines.training.echo import echo_clips, peak_step, step_ends
 from engines.training.trainer import AgentTrainer, TrainConfig
-from meg.spec import AgentSpec, EchoSpec
+from meg.agent_spec import AgentSpec, EchoSpec
 
 
 def test_steps_end_after_each_delimiter_and_at_the_end() -> None:
