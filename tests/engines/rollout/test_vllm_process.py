@@ -4,7 +4,10 @@ worker (one host per agent). Regression tests for two crashes seen in real runs.
 from __future__ import annotations
 
 import gc
+import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -110,6 +113,9 @@ class _FakeLLM:
     def __init__(self, log: list[str], name: str) -> None:
         self.llm_engine = type("E", (), {"engine_core": _Core(log, name)})()
 
+    def apply_model(self, fn: object) -> list[int]:  # no model: nothing in the reload table
+        return []
+
 
 def test_parked_engines_are_shut_down_together_when_the_last_backend_goes() -> None:
     from engines.rollout.vllm_engines import Engines
@@ -123,3 +129,66 @@ def test_parked_engines_are_shut_down_together_when_the_last_backend_goes() -> N
     assert log == [] and len(engines.parked) == 2  # one backend still lives
     engines.closed(_FakeLLM(log, "c"))
     assert log == ["a", "b", "c"] and engines.parked == [] and engines.live == 0
+
+
+# Run in a fresh process: in the test process another test's engine may live, and a closed
+# backend's engine is then parked (kept whole) until the last one goes.
+ALTERNATING_ENGINES = """
+import gc, json, queue, sys
+from pathlib import Path
+from safetensors.torch import load_file
+from transformers import PreTrainedTokenizerBase
+from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+from engines.rollout.base import SamplingParams, make_backend
+
+def tokenizer_pools():
+    frozen = gc.get_freeze_count()  # a live engine froze the heap: not in gc.get_objects()
+    gc.unfreeze()
+    gc.collect()
+    n = sum(
+        1 for o in gc.get_objects()
+        if isinstance(o, queue.Queue)
+        and any(isinstance(t, PreTrainedTokenizerBase) for t in list(o.queue))
+    )
+    if frozen:
+        gc.freeze()
+    return n
+
+counts, layers = [], []
+for model in sys.argv[1:]:
+    backend = make_backend("vllm", model)
+    backend.generate([[5, 6, 7]], SamplingParams(n=1, max_tokens=2, seed=1))
+    backend.update_weights(load_file(str(Path(model) / "model.safetensors")), 1)  # as a run does
+    layers.append(len(LAYERWISE_INFO))  # the live engine's layers, after a reload
+    counts.append(tokenizer_pools())  # the live engine's pool
+    backend.close()
+    del backend
+    counts.append(tokenizer_pools())
+    layers.append(len(LAYERWISE_INFO))
+print(json.dumps([counts, layers]))
+"""
+
+
+def test_engines_built_updated_and_closed_in_turn_leave_nothing_behind(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    """A long-lived rollout worker whose runs alternate two models rebuilds its engines every
+    run, each updated with new weights. Two things of every closed engine outlived it (both
+    measured in `bench/engine_churn.py`): its tokenizer pool (deep copies of the tokenizer,
+    in a class vLLM makes per engine), held by vLLM's `_supports_kw` memo, and, once its
+    weights were reloaded, its layers and their weights, held by their own entries in vLLM's
+    layerwise-reload table. Closing a backend now clears the memo and shutting its engine
+    down takes its layers out of the table (without: one more pool and every layer of the
+    model left after each engine)."""
+    models = [str(tiny_model_dir), str(tiny_model_dir_b), str(tiny_model_dir)]
+    out = subprocess.run(
+        [sys.executable, "-c", ALTERNATING_ENGINES, *models],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    pools, layers = json.loads(out.stdout.strip().splitlines()[-1])
+    # (live, closed) for each of the 3 engines: found while it lives, gone with it
+    assert pools[0] >= 1 and pools[0::2] == [pools[0]] * 3 and pools[1::2] == [0, 0, 0], pools
+    assert layers[0] >= 1 and layers[0::2] == [layers[0]] * 3 and layers[1::2] == [0] * 3, layers
