@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_model, write_results
+from bench.rss import rss_bytes
 
 ARMS = ("kept", "cleared")
 WARM = 2  # engines before the growth is measured
@@ -78,7 +79,6 @@ def churn(model: str, arm: str, count: int) -> list[float]:
         vllm_engines.forget_vllm_caches = lambda: None
         vllm_engines.forget_reload_info = lambda llm: None
     weights = load_file(str(Path(model) / "model.safetensors"))
-    page = 4096
     out = []
     for _ in range(count):
         backend = make_backend("vllm", model)
@@ -89,8 +89,7 @@ def churn(model: str, arm: str, count: int) -> list[float]:
         backend.close()  # type: ignore[attr-defined]
         del backend
         gc.collect()
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-        out.append(round(pages * page / 2**20, 1))
+        out.append(round(rss_bytes() / 2**20, 1))
     return out
 
 

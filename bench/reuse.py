@@ -12,16 +12,15 @@ With several configs in turn (`--workload a,b`) each config's runs are compared 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
 
 from bench.common import cpu_model, train_run, write_results
+from bench.rss import rss_bytes
 from workloads import BUILTIN
 
 BASELINE_RUN = 3  # growth is measured from after this run
@@ -37,13 +36,9 @@ def short_config(out: Path, model: str, workload: str) -> Path:
     return path
 
 
-def _rss() -> int:
-    return int(psutil.Process(os.getpid()).memory_info().rss)
-
-
 def worker_rss(client: Any) -> dict[str, int]:
     """RSS of every worker process, by worker name."""
-    by_address = client.run(_rss)
+    by_address = client.run(rss_bytes)
     names = {a: str(w.get("name")) for a, w in client.scheduler_info()["workers"].items()}
     return {names[a]: rss for a, rss in by_address.items()}
 
@@ -80,7 +75,7 @@ def reuse(runs: int, workload: str, tmp: Path, model: str) -> dict[str, Any]:
     with dask_cluster(ClusterConfig()) as workers, Client(workers.address) as client:
         for i in range(runs):
             train_run(cfgs[i % len(cfgs)], tmp / f"run-{i}", workers.address)
-            samples.append({**worker_rss(client), "driver": _rss()})
+            samples.append({**worker_rss(client), "driver": rss_bytes()})
             mib = {p: round(v / 2**20) for p, v in samples[-1].items()}
             print(f"run {i + 1}/{runs}: RSS MiB {mib}", flush=True)
     return {"samples": samples, "growth": growth(samples, configs=len(cfgs))}

@@ -12,6 +12,11 @@ from pathlib import Path
 import psutil
 
 
+def rss_bytes() -> int:
+    """The process's resident set size now."""
+    return int(psutil.Process().memory_info().rss)
+
+
 def maxrss_bytes() -> int:
     """The process's RSS high-water mark: `VmHWM` where /proc has it (the counter that
     clear_refs resets), else `ru_maxrss`. On Linux `ru_maxrss` also folds in the peak

@@ -40,14 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 from rich.console import Console
 from rich.table import Table
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
-from bench.rss import RssSampler, maxrss_bytes, reset_peak_rss
+from bench.rss import RssSampler, maxrss_bytes, reset_peak_rss, rss_bytes
 from engines.training.batch import (
     TrainMicroBatch,
     _token_logprobs_full,
@@ -223,7 +222,7 @@ def _memory_worker(variant: str, size: str, threads: int, sampled: bool = False)
     (fn(model, ids[:1, :16], attn[:1, :16], warm, chunk_tokens=4) * warm).sum().backward()
     model.zero_grad(set_to_none=True)
     reset = not sampled and reset_peak_rss()
-    base, base_rss = maxrss_bytes(), psutil.Process().memory_info().rss
+    base, base_rss = maxrss_bytes(), rss_bytes()
     with RssSampler() as sampler:
         t0 = time.perf_counter()
         logp = fn(model, ids, attn, resp, chunk_tokens=m.chunk)
