@@ -33,6 +33,7 @@ class Extras:
     colocated: bool = False  # ours-colocated
     stale: bool = False  # ours-async-1
     auto_cores: tuple[int, ...] = ()  # ours-auto-cN: the default layout planned for N cores
+    trainer_grads: bool = False  # ours-auto-trainer-grads
 
     def runs(self, arm: str) -> bool:
         """Whether this invocation runs `arm` (the two main arms always)."""
@@ -44,6 +45,7 @@ class Extras:
             "ours-colocated": self.colocated,
             "ours-async-1": self.stale,
             "ours-auto-cN": bool(self.auto_cores),
+            "ours-auto-trainer-grads": self.trainer_grads,
         }
         return optional.get(arm, True)
 
@@ -61,6 +63,8 @@ ARM_LABELS = {
     "ours-auto": "flexmarl train with no cluster settings and no backend: the layout and "
     "the rollout backend it chooses (flows.cluster.layout, flows.runs.backend), a cluster "
     "of its own per run",
+    "ours-auto-trainer-grads": "ours-auto with run.rollout_gradients off: every micro-batch "
+    "back-propagated on the training worker (what ours-auto did before 2026-12-07)",
     "ours-auto-cN": "ours-auto planned for N cores (--cores N; more than the machine has: "
     "oversubscribed)",
 }

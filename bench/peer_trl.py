@@ -200,6 +200,9 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
         out[f"trl_over_{arm.removeprefix('ours-').replace('-', '_')}"] = round(
             t["step_s"] / arms[arm]["step_s"], 3
         )
+    if "ours-auto-trainer-grads" in arms:  # > 1: back-propagating on the rollout workers won
+        trainer = arms["ours-auto-trainer-grads"]["step_s"]
+        out["rollout_grads_speedup"] = round(trainer / arms["ours-auto"]["step_s"], 3)
     if "ours-hf" in arms:
         out["trl_over_hf"] = round(t["step_s"] / arms["ours-hf"]["step_s"], 3)
     if "ours-default" in arms:
@@ -221,6 +224,9 @@ def measure(
         if extras.stale:
             ours["ours-async-1"] = Ours(addresses["ours-default"], ASYNC)
         ours["ours-auto"] = Ours(None, backend="auto")
+        if extras.trainer_grads:
+            off = (("rollout_gradients", "off"),)
+            ours["ours-auto-trainer-grads"] = Ours(None, off, backend="auto")
         for n in extras.auto_cores:
             ours[f"ours-auto-c{n}"] = Ours(None, backend="auto", cluster=ClusterConfig(cores=n))
         return {j.label: measure_job(j, model, work, repeats, ours, backends) for j in jobs}
@@ -333,6 +339,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="N,...: also ours-auto planned for N cores each (`--cores N`)",
     )
     ap.add_argument(
+        "--trainer-grads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also ours-auto with run.rollout_gradients off (default: on, off with --small)",
+    )
+    ap.add_argument(
         "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
     )
     a = ap.parse_args(argv)
@@ -356,6 +368,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             full_only(a.colocated),
             full_only(a.async_arm),
             tuple(int(n) for n in a.auto_cores.split(",") if n),
+            full_only(a.trainer_grads),
         )
         results = run(jobs, model, Path(tmp), a.repeats, extras)
     render_table(results)

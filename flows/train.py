@@ -29,6 +29,7 @@ from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
 from flows.orchestrator.futures import WatchUnit
 from flows.orchestrator.pipeline import Pipeline
 from flows.orchestrator.planning import scoring_plan
+from flows.orchestrator.rollout_grads import on_problem
 from flows.orchestrator.watch import UNIT_SECONDS, watch_steps
 from flows.report.artifacts import publish, reward_curve, timeline
 from flows.report.logs import orchestrator_logs
@@ -37,6 +38,7 @@ from flows.report.progress import Progress
 from flows.report.tracking import active, fan_out, tracking
 from flows.runs.backend import choose_backends
 from flows.runs.config import load_config
+from flows.runs.gradients import decide_gradients
 from flows.runs.record import (
     Run,
     RunError,
@@ -56,8 +58,8 @@ from workloads import BUILTIN, plugins
 
 
 class TrainParams(BaseModel):
-    """Parameters of a training run. The run settings (`mode` ... `elastic`) left unset come
-    from the MEG's `run:` section; `plan` merges them once (flows.runs.resolve)."""
+    """Parameters of a training run. The run settings (`mode` ... `rollout_gradients`) left
+    unset come from the MEG's `run:` section; `plan` merges them once (flows.runs.resolve)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,6 +97,9 @@ class TrainParams(BaseModel):
     elastic: bool | None = Field(
         None,
         description="move agents' training between workers from measured load (default off)",
+    )
+    rollout_gradients: Literal["auto", "on", "off"] | None = Field(
+        None, description="back-propagate micro-batches on the rollout workers (default auto)"
     )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
@@ -143,6 +148,8 @@ def plan(p: TrainParams) -> Run:
         scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
     except ValueError as e:
         raise RunError(str(e)) from None
+    if problem := on_problem(spec):
+        raise RunError(problem)
     if problem := step_samples_problem(spec, spec.run.episodes_per_step):
         given = sources["episodes_per_step"] == "cli"
         raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
@@ -353,6 +360,7 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     for note in run.notes:
         print(note)
     cluster = layout(run, params.cluster)
+    run = decide_gradients(run, cluster)
     with run_tracking(run, cluster) as track:  # run.tracking: opened before the cluster
         with dask_cluster(cluster) as workers, ExitStack() as held:
             if cluster.scheduler:  # a cluster this run did not start: shared, other hosts

@@ -86,6 +86,14 @@ class RunSpec(Frozen):
         "final models to: `tensorboard`, `wandb` (offline), `mlflow`, several at once "
         "(docs/tracking.md). Needs the `tracking` extra.",
     )
+    rollout_gradients: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Back-propagate each micro-batch on the rollout worker that sampled it and "
+        "send the gradient to the trainer, which adds the parts and steps (one-node MEG, a "
+        "full-weight float32 agent, flex or sync mode). `auto`: on where it was measured "
+        "faster, a small model with a rollout worker per micro-batch on a machine without GPUs "
+        "(docs/training.md#gradients-on-the-rollout-workers).",
+    )
     elastic: bool = Field(
         False,
         description="Elastic training allocation: between steps, move an agent's training to "

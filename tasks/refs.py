@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,21 @@ Episode = tuple[str, TaskItem]  # (episode id, task): what the driver hands a ge
 
 def episode_id(step: int, index: int) -> str:
     return f"k{step}e{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class GradPart:
+    """Micro-batch `micro_batch` of (agent, step) back-propagated at `version`: the part's
+    accounting (`Accum.to_json()` of a step holding only it) and its summed gradients by
+    parameter name."""
+
+    agent: str
+    step: int
+    micro_batch: int
+    version: int
+    accum: dict[str, Any]
+    grads: dict[str, np.ndarray]
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +66,8 @@ class GenRef:
     # the committed rows with their committed scores (`SampleBatch.with_scores`), trainable
     # rows only, when the fused score covers every node of the agent; else None
     scored: SampleBatch | None = None
+    # the micro-batch back-propagated here (`tasks.grad_parts`), for the trainer to add
+    grad: GradPart | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
 from tasks.gating import can_skip, plan_row, skipped, skipped_rows
+from tasks.grad_parts import gradient_part
 from tasks.refs import Episode, GenRef
 from tasks.scoring import rows_to_hand, score_rows
 from tasks.tool_calls import commit_tool_segment, tool_rows
@@ -373,6 +374,7 @@ def generate(
     base_version: int = 0,
     after: tuple[Any, ...] = (),
     score: ScoreGroup | None = None,
+    grad: bool = False,
 ) -> GenRef:
     """`weights` is the optimizer step (a `StepRef`) whose published version this node needs
     at least (None: `base_version`, the agent's version when the run started). `after` only
@@ -382,10 +384,18 @@ def generate(
     segment is committed, from the rows in hand (the pipeline fuses it for a one-node MEG:
     one task hop and one store read less a step). Its `ScoreRef` rides in `GenRef.score`,
     its own `Timing` after the generate's; when the node is its agent's only node, the
-    scored rows ride in `GenRef.scored` to the train task (no read back from the store)."""
+    scored rows ride in `GenRef.scored` to the train task (no read back from the store).
+
+    `grad` (with `score`, `run.rollout_gradients`): the scored rows are also back-propagated
+    here, at the version they were sampled with, and the gradient rides in `GenRef.grad` to
+    the agent's optimizer step (`tasks.grad_parts`)."""
     min_version = weights.version if weights is not None else base_version
     ref, batch = generate_segment(ctx, node, step, mb, episodes, min_version)
     if score is None:
         return ref
     scored, joined = score_rows(ctx, step, mb, episodes, score, {node: batch})
-    return replace(ref, score=scored, scored=rows_to_hand(ctx, node, joined))
+    rows = rows_to_hand(ctx, node, joined)
+    part = None
+    if grad and rows is not None and not ref.resumed:  # a resumed segment: the trainer's
+        part = gradient_part(ctx, ref.agent, step, mb, min_version, rows)
+    return replace(ref, score=scored, scored=rows, grad=part)

@@ -25,6 +25,7 @@ import numpy as np
 from prefect import task
 
 from engines.model_files import local_dir
+from engines.training.accum import Accum
 from engines.training.checkpoint import maybe_checkpoint, restore_latest, save_checkpoint
 from engines.training.checkpoint_index import checkpoint_dir, prune_checkpoints
 from engines.training.publish import publish_weights
@@ -32,6 +33,7 @@ from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Url
 from tasks.accounting import accumulate_part, acquire, already_stepped, scored_rows
 from tasks.context import RunContext, Stopwatch
+from tasks.grad_parts import grad_part
 from tasks.order import parts_before
 from tasks.refs import HandOverRef, StepRef, TrainRef
 from tasks.worker import slots_of, state_of, store_of
@@ -79,13 +81,45 @@ def accumulate_micro_batch(
     try:
         loss = 0.0
         if mb not in trainer.accumulated:  # a re-run after the step's kill already has it
-            loss = accumulate_part(ctx, trainer, agent, step, mb, batch)
+            loss = take_part(ctx, trainer, agent, step, mb, batch, after)
     except BaseException:
         slots.forget(agent)  # partial gradients: the retry rebuilds from the store
         raise
     else:
         slots.release(agent)
     return done(loss)
+
+
+def take_part(
+    ctx: RunContext,
+    trainer: AgentTrainer,
+    agent: str,
+    step: int,
+    mb: int,
+    batch: Any,
+    after: tuple[Any, ...],
+) -> float:
+    """Accumulate micro-batch `mb`: add the gradient a generate task in `after` computed for
+    it where it fits the trainer (`tasks.grad_parts.grad_part`), else forward and backward
+    here; its loss."""
+    counts = (int(batch.response_lengths.sum()), len(batch))
+    part = grad_part(after, agent, step, mb, trainer.version, counts)
+    if part is None:
+        return accumulate_part(ctx, trainer, agent, step, mb, batch)
+    trainer.add_part(Accum.from_json(part.accum), part.grads)
+    return float(part.accum["loss"])
+
+
+def step_parts(ctx: RunContext, agent: str, step: int, parts: tuple[Any, ...]) -> StepRef:
+    """The optimizer step of an agent that back-propagates on its rollout workers
+    (`run.rollout_gradients`): `parts` are its generate tasks' refs, micro-batch j at j,
+    each with the rows it scored and the gradient it computed. One task adds them in order
+    (or trains a micro-batch here, from its rows, when its gradient does not fit) and steps:
+    two task hops a micro-batch fewer than a train task each."""
+    trains = tuple(
+        accumulate_micro_batch(ctx, agent, step, j, (ref,)) for j, ref in enumerate(parts)
+    )
+    return step_agent(ctx, agent, step, trains)
 
 
 def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, ...]) -> StepRef:
@@ -198,7 +232,12 @@ def optimizer_step(
     step: int,
     trains: tuple[TrainRef, ...],
     after: tuple[Any, ...] = (),
+    parts: tuple[Any, ...] = (),
 ) -> StepRef:
+    """`parts`: the agent's generate refs when its micro-batches were back-propagated on the
+    rollout workers (`step_parts`); then `trains` is empty."""
+    if parts:
+        return step_parts(ctx, agent, step, parts)
     return step_agent(ctx, agent, step, trains)
 
 

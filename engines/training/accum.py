@@ -97,6 +97,22 @@ class Accum:
             )
         self.parts[part] = (tokens, seqs)
 
+    def add(self, agent: str, other: Accum) -> None:
+        """Take in a step holding only other micro-batches (a part back-propagated elsewhere,
+        `tasks.grad_parts`): its parts are recorded (one already held raises), its sums
+        added."""
+        for part, (tokens, seqs) in sorted(other.parts.items()):
+            self.record(agent, part, tokens, seqs)
+        self.loss += other.loss
+        self.finite &= other.finite
+        self.tokens += other.tokens
+        self.seqs += other.seqs
+        self.skipped_tokens += other.skipped_tokens
+        self.skipped_seqs += other.skipped_seqs
+        self.echo_tokens += other.echo_tokens
+        for k, v in other.metrics.items():
+            self.metrics[k] = self.metrics.get(k, 0.0) + v
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["parts"] = [[j, t, s] for j, (t, s) in sorted(self.parts.items())]  # int keys

@@ -263,6 +263,26 @@ class AgentTrainer:
         out["loss"] = value
         return out
 
+    def add_part(self, accum: Accum, grads: dict[str, Any]) -> None:
+        """Add micro-batches back-propagated elsewhere at this trainer's version (`accum`: a
+        step holding only them; `grads`: their summed gradients by parameter name), as if
+        `accumulate` had run them here: the same sums, in the order they arrive."""
+        acc = self._pending
+        if acc is None:
+            raise RuntimeError(f"{self.agent}: add_part() before begin_step()")
+        params = {n: p for p, n in self._names.items()}
+        unknown = sorted(set(grads) - set(params))
+        if unknown:
+            raise ValueError(f"{self.agent}: gradients of unknown parameters {unknown[:3]}")
+        acc.add(self.agent, accum)  # first: a part already held raises before any gradient
+        for name, array in grads.items():
+            p = params[name]
+            g = torch.as_tensor(array).to(p.device)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+
     @property
     def _skips_zero_advantage(self) -> bool:
         """Zero-advantage skipping is on and exact for this agent (`accum.kept_rows`)."""

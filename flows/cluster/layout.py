@@ -10,6 +10,13 @@ each. On a machine of C ≥ 2 cores `default_layout` chooses instead, by the sha
   worker whose torch takes every core while the rollout waits. Measured with the TRL peer
   job at 64×4×128 on 2 cores: 1.10× TRL on this layout and 0.81× on the two-worker cluster
   (2026-12-03, an Intel VM), 1.01× and 0.76× (2026-12-05, an AMD VM; docs/peers.md).
+- **One agent of a one-node MEG that back-propagates on its rollout workers**
+  (`run.rollout_gradients`, on by `auto` for a small model with a core per micro-batch):
+  the same workers, colocated, one thread each (`colocated_for_gradients`). The trainer
+  then only adds the parts and steps, and a process of its own only took cores from the
+  sampling: on the TRL peer job at 8×4×32 (2 cores, Intel VM, 2026-12-07) the colocated
+  workers stepped 0.87× the time of the spread layout with the same gradients
+  (docs/peers.md).
 - **Several weight units** (agents with weights of their own, or a base that LoRA agents
   share), flex or sync: one rollout worker per unit up to one per core, and a training worker
   with the cores the rollout workers leave (at least one thread). One rollout worker runs
@@ -54,6 +61,7 @@ from pathlib import Path
 
 from engines.devices import CPU_KV_CACHE_BYTES, total_ram
 from flows.cluster.start import ClusterConfig
+from flows.orchestrator.rollout_grads import decide_auto, why_not
 from meg import MEGSpec, is_hub_name
 from meg.sharing import WeightUnit, weight_units
 
@@ -177,7 +185,43 @@ def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | N
     mode, mbs = spec.run.mode, spec.run.micro_batches
     size = largest_engine(spec, units)
     cluster = default_layout(given, agents, len(units), mode, mbs, size)
+    if cluster is not given and (both := colocated_for_gradients(spec, cluster)) is not None:
+        return both, describe_colocated(both)
     return cluster, None if cluster is given else describe(cluster, agents, mbs)
+
+
+def colocated_for_gradients(spec: MEGSpec, cluster: ClusterConfig) -> ClusterConfig | None:
+    """The chosen one-agent layout's workers made colocated, one thread each, when the job
+    will back-propagate on its rollout workers (`flows.orchestrator.rollout_grads`); None
+    otherwise. The training worker of the plain layout then only adds the parts and steps,
+    while its process shares the cores with the workers; without it each worker samples and
+    back-propagates its micro-batch and one of them also steps: TRL's one process, spread
+    over one per core (2026-12-07, docs/peers.md)."""
+    from flows.runs.backend import count_parameters
+
+    if spec.run.rollout_gradients == "off" or len(spec.agents) != 1:
+        return None
+    agent = next(iter(spec.agents))
+    on, _ = decide_auto(
+        spec, cluster.rollout_workers, 0, True, count_parameters(spec.agents[agent].model)
+    )
+    if not on and spec.run.rollout_gradients == "auto":
+        return None
+    if why_not(spec, agent) is not None or cluster.rollout_workers < spec.run.micro_batches:
+        return None
+    fields = cluster.model_dump(exclude_unset=True, exclude={"train_threads"})
+    return ClusterConfig(**{**fields, "colocate": True, "threads": 1})
+
+
+def describe_colocated(cfg: ClusterConfig) -> str:
+    """The line a run prints when it laid its workers out for gradients on the rollout
+    workers."""
+    return (
+        f"layout: one agent, on-policy, {cfg.cores or usable_cores()} cores: "
+        f"{cfg.rollout_workers} workers of 1 thread, each sampling and back-propagating a "
+        "micro-batch, one of them also stepping the optimizer (rollout_gradients; any cluster "
+        "flag, e.g. --rollout-workers, picks your own; docs/clusters.md)"
+    )
 
 
 def largest_engine(spec: MEGSpec, units: tuple[WeightUnit, ...]) -> int | None:

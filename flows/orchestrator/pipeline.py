@@ -8,6 +8,9 @@ Per step k and micro-batch j it submits:
     train(A, k, j)         after the score(k, j, ·) of A's nodes and A's previous micro-batch
                            or optimizer step
     step(A, k)             after every train(A, k, ·); publishes A's version for step k+1
+                           (an agent that back-propagates on its rollout workers,
+                           `run.rollout_gradients`: no train tasks; step(A, k) after its
+                           generate(·, k, ·), adding the gradients they computed)
     hand_over(A, k)        (elastic allocation only) when A trains on another worker from
                            step k: after step(A, k-1), on A's old worker; train(A, k, 0)
                            waits for it
@@ -78,6 +81,7 @@ from flows.orchestrator.executors import Executor
 from flows.orchestrator.futures import Futures, StepLog
 from flows.orchestrator.placement import Placement, engine_slots, host_worker
 from flows.orchestrator.planning import EpisodePlanner, scoring_plan
+from flows.orchestrator.rollout_grads import gradient_agents
 from meg import ScoreGroup, expand_episode, score_groups
 from tasks.context import RunContext
 from tasks.failures import FailureBudget
@@ -142,6 +146,7 @@ class Pipeline:
         self.futures = Futures()
         self.groups = score_groups_of(ctx)
         self.fused = fused_scores(ctx, self.groups)
+        self.grads = gradient_agents(spec)  # agents back-propagating on rollout workers
         self.failures = FailureBudget(run.scoring.max_failed_fraction, run.scoring.min_samples)
         self.base_versions = base_versions or {}
         self.on_event = on_event or (lambda kind, ref: None)
@@ -208,6 +213,7 @@ class Pipeline:
         )
         if node in self.fused:
             kwargs["score"] = self.groups[self.fused[node]]
+            kwargs["grad"] = agent in self.grads
         gen[(node, k, j)] = self._submit(
             "generate", kwargs, worker, k, self._rank(j, 2 * i), host, est
         )
@@ -244,6 +250,15 @@ class Pipeline:
             chain = self.futures.resolved(steps.get((agent, k - 1)))
             worker = self.place.train_worker(agent, k)
             start = self._hand_over(agent, k, worker, chain, rank * (m + 1))
+            if agent in self.grads:  # the parts come back-propagated: one task adds and steps
+                (node,) = self.ctx.nodes_of(agent)
+                parts = tuple(self.futures["generate"][(node, k, j)] for j in range(m))
+                kwargs = dict(ctx=self.ctx, agent=agent, step=k, trains=(), parts=parts)
+                kwargs["after"] = (start,) if start is not None else ()
+                steps[(agent, k)] = self._submit(
+                    "optimizer_step", kwargs, worker, k, rank * (m + 1) + m
+                )
+                continue
             for j in range(m):
                 before = [trains[(agent, k, i)] for i in range(parts_before(j))]
                 deps = (*self.scores_for(agent, k, j), *before)
@@ -316,7 +331,7 @@ class Pipeline:
         self._pending = still
         for (kind, handle, worker, host, est), ref in zip(done, refs, strict=True):
             if getattr(ref, "scored", None) is not None:  # rows for the trainer, not for us
-                ref = replace(ref, scored=None)
+                ref = replace(ref, scored=None, grad=None)
             self.futures.finished(handle, ref)
             self._collect(kind, ref, worker, host, est)
             if kind == "generate" and ref.score is not None:  # fused: as if a score task

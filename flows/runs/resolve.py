@@ -122,8 +122,12 @@ def continued(
                 f"the MEG differs from the run's at `{where}`: --resume continues the run it "
                 "recorded (run.json); start a new run for a changed MEG"
             )
-        asked = meg.run.model_dump()
+        # what the MEG sets itself: a default the run resolved for its graph (a one-agent
+        # run's `checkpoint_every`) was not asked for again
+        asked = meg.run.model_dump(include=meg.run.model_fields_set)
     asked |= {k: v for k, v in overrides.items() if v is not None}
+    if asked.get("rollout_gradients") == "auto":  # what the run chose for it
+        del asked["rollout_gradients"]
     run = recorded.run.model_dump()
     steps = asked.pop("steps", run["steps"])
     changed = [k for k, v in asked.items() if k in run and v != run[k]]

@@ -134,6 +134,36 @@ def test_for_meg_reads_the_units_and_sizes_of_a_real_spec(tmp_path: Path, tiny_m
     assert for_meg(spec_with(), ClusterConfig(cores=2, rollout_workers=1))[1] is None  # type: ignore[arg-type]
 
 
+def test_a_small_one_agent_job_gets_workers_that_sample_and_back_propagate(
+    tmp_path: Path, tiny_model: str
+) -> None:
+    """The TRL peer job (one node, a 0.5 M-parameter model, 2 micro-batches) on 2 cores:
+    `rollout_gradients: auto` will be on, so its two workers are colocated, one thread each;
+    with it off, or a micro-batch more than the cores, the trainer keeps every core."""
+    import yaml
+
+    from bench.peer_job import Job, meg_config
+    from meg import load_meg
+
+    def peer(**run: object) -> object:
+        path = meg_config(Job(8, 4, 32, 2), tiny_model, tmp_path, backend="auto")
+        data = yaml.safe_load(path.read_text())
+        data["run"].update(run)
+        path.write_text(yaml.safe_dump(data))
+        return load_meg(path)
+
+    given = ClusterConfig(cores=2)
+    cluster, line = for_meg(peer(), given)  # type: ignore[arg-type]
+    assert (cluster.colocate, cluster.rollout_workers, cluster.threads) == (True, 2, 1)
+    assert cluster.train_threads is None and cluster.cores == 2
+    assert line is not None and "each sampling and back-propagating a micro-batch" in line
+    for run in ({"rollout_gradients": "off"}, {"micro_batches": 4, "episodes_per_step": 8}):
+        cluster, line = for_meg(peer(**run), given)  # type: ignore[arg-type]
+        assert not cluster.colocate and cluster.train_threads == 2, run
+    bf16 = for_meg(peer(rollout_gradients="auto"), ClusterConfig(cores=2, rollout_workers=2))
+    assert bf16[1] is None  # a cluster of the user's own: untouched
+
+
 @pytest.mark.parametrize(
     ("env", "files", "gpus"),
     [
@@ -185,9 +215,11 @@ def test_train_starts_the_spread_cluster_for_a_one_agent_job(
     tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A real run on the default cluster settings (its own cluster and Prefect server): the
-    one-agent job gets 2 rollout workers and a 2-thread trainer (planned for 2 cores), and
+    one-agent job of a small model gets 2 colocated workers (planned for 2 cores) that
+    sample and back-propagate (`rollout_gradients: auto` → on, recorded in run.json), and
     says so; its scores are computed inside the generate tasks (`fused_scores`), on the
-    generating worker right after each segment; its run is audited clean."""
+    generating worker right after each segment; no train task runs; its run is audited
+    clean."""
     from bench.peer_job import Job, meg_config
     from flows.cli.main import main
 
@@ -195,9 +227,12 @@ def test_train_starts_the_spread_cluster_for_a_one_agent_job(
     run_dir = tmp_path / "run"
     assert main(["train", str(cfg), "--run-dir", str(run_dir), "--cores", "2"]) == 0
     logged = capsys.readouterr().out
-    assert "layout: one agent, on-policy, 2 cores: 2 rollout worker(s)" in logged
+    assert "layout: one agent, on-policy, 2 cores: 2 workers of 1 thread, each" in logged
+    recorded = json.loads((run_dir / "run.json").read_text())
+    assert recorded["spec"]["run"]["rollout_gradients"] == "on"
+    assert recorded["sources"]["rollout_gradients"] == "auto"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["workers"] == 3  # 2 rollout + 1 training
+    assert summary["workers"] == 2  # each samples and back-propagates; no training worker
     assert summary["consistency"]["violations"] == 0 and summary["steps"] == 2
     timeline = json.loads((run_dir / "timeline.json").read_text())
     gens = {(t["step"], t["micro_batch"]): t for t in timeline if t["phase"] == "generate"}
@@ -207,3 +242,7 @@ def test_train_starts_the_spread_cluster_for_a_one_agent_job(
     for s in scores:
         gen = gens[(s["step"], s["micro_batch"])]
         assert s["worker"] == gen["worker"] and s["start"] >= gen["end"]
+    phases = {t["phase"] for t in timeline}
+    assert "train_micro_batch" not in phases  # the parts come back-propagated
+    steps = [t for t in timeline if t["phase"] == "optimizer_step"]
+    assert len(steps) == 2 and {t["worker"] for t in steps} <= {t["worker"] for t in gens.values()}

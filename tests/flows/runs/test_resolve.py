@@ -55,6 +55,20 @@ def test_continued_may_only_grow_steps(spec: MEGSpec) -> None:
     assert continued(spec, {}, longer).run.steps == 4
 
 
+def test_continued_takes_what_the_run_decided_for_the_meg_given_again(spec: MEGSpec) -> None:
+    """`flexmarl train CFG --resume RUN --steps N` with the MEG the run started from: the
+    values the run resolved for it (a one-agent run's `checkpoint_every`, `auto` decided
+    `on`) are not changes; a value the MEG sets itself still is."""
+    recorded = spec.with_run(checkpoint_every=10, rollout_gradients="on")
+    assert continued(recorded, {}, spec).run == recorded.run  # the MEG sets neither
+    assert continued(recorded, {"rollout_gradients": "auto"}).run == recorded.run
+    assert continued(recorded, {"steps": 4}, spec).run.steps == 4
+    with pytest.raises(ResolveError, match=r"rollout_gradients 'off' \(the run's: 'on'\)"):
+        continued(recorded, {}, spec.with_run(rollout_gradients="off"))
+    with pytest.raises(ResolveError, match=r"checkpoint_every 1 \(the run's: 10\)"):
+        continued(recorded, {"checkpoint_every": 1})
+
+
 def test_resume_refusals_and_a_recorded_extension(
     tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
