@@ -94,11 +94,7 @@ def grad_part(
         if not isinstance(part, GradPart):
             continue
         held = {int(j): (int(t), int(q)) for j, t, q in part.accum["parts"]}
-        if (part.agent, part.step, part.micro_batch, part.version) == (
-            agent,
-            step,
-            mb,
-            version,
-        ) and held == {mb: counts}:
+        which = (part.agent, part.step, part.micro_batch, part.version)
+        if which == (agent, step, mb, version) and held == {mb: counts}:
             return part
     return None

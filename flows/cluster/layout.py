@@ -62,6 +62,7 @@ from pathlib import Path
 from engines.devices import CPU_KV_CACHE_BYTES, total_ram
 from flows.cluster.start import ClusterConfig
 from flows.orchestrator.rollout_grads import decide_auto, why_not
+from flows.runs.backend import count_parameters
 from meg import MEGSpec, is_hub_name
 from meg.sharing import WeightUnit, weight_units
 
@@ -197,8 +198,6 @@ def colocated_for_gradients(spec: MEGSpec, cluster: ClusterConfig) -> ClusterCon
     while its process shares the cores with the workers; without it each worker samples and
     back-propagates its micro-batch and one of them also steps: TRL's one process, spread
     over one per core (2026-12-07, docs/peers.md)."""
-    from flows.runs.backend import count_parameters
-
     if spec.run.rollout_gradients == "off" or len(spec.agents) != 1:
         return None
     agent = next(iter(spec.agents))
