@@ -211,7 +211,7 @@ def test_a_machine_with_gpus_keeps_the_two_worker_cluster_and_says_how_to_choose
 
 
 @pytest.mark.slow
-def test_train_starts_the_spread_cluster_for_a_one_agent_job(
+def test_train_lays_out_its_own_cluster_for_a_one_agent_job(
     tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A real run on the default cluster settings (its own cluster and Prefect server): the
