@@ -65,13 +65,9 @@ def accumulate_micro_batch(
     carry them (`GenRef.scored`), else from the store."""
     watch = Stopwatch("train_micro_batch", agent, step, mb)
     batch, segment_ids = scored_rows(ctx, agent, step, mb, after)
-    versions = tuple(int(v) for v in np.unique(batch.policy_version))
 
     def done(loss: float) -> TrainRef:
-        tokens = int(batch.response_lengths.sum())
-        return TrainRef(
-            agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done()
-        )
+        return train_ref(agent, step, mb, batch, segment_ids, loss, watch)
 
     if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
         return done(0.0)
@@ -88,6 +84,22 @@ def accumulate_micro_batch(
     else:
         slots.release(agent)
     return done(loss)
+
+
+def train_ref(
+    agent: str,
+    step: int,
+    mb: int,
+    batch: Any,
+    segment_ids: tuple[str, ...],
+    loss: float,
+    watch: Stopwatch,
+) -> TrainRef:
+    """What accumulating micro-batch `mb` of `step` from `batch` returns (its rows' counts
+    and versions are what the optimizer step checks and records)."""
+    versions = tuple(int(v) for v in np.unique(batch.policy_version))
+    tokens = int(batch.response_lengths.sum())
+    return TrainRef(agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done())
 
 
 def take_part(
@@ -115,11 +127,27 @@ def step_parts(ctx: RunContext, agent: str, step: int, parts: tuple[Any, ...]) -
     (`run.rollout_gradients`): `parts` are its generate tasks' refs, micro-batch j at j,
     each with the rows it scored and the gradient it computed. One task adds them in order
     (or trains a micro-batch here, from its rows, when its gradient does not fit) and steps:
-    two task hops a micro-batch fewer than a train task each."""
-    trains = tuple(
-        accumulate_micro_batch(ctx, agent, step, j, (ref,)) for j, ref in enumerate(parts)
-    )
-    return step_agent(ctx, agent, step, trains)
+    two task hops a micro-batch fewer than a train task each. The trainer is acquired and
+    the store asked whether the step is already done once for all the parts."""
+    if already_stepped(ctx, agent, step) is not None:  # stepped before a kill: its record
+        return step_agent(ctx, agent, step, ())
+    slots = slots_of(ctx)
+    trainer = acquire(ctx, agent, step, 0, trainer_factory(ctx, agent))
+    trains = []
+    try:
+        for j, ref in enumerate(parts):  # in order: every part's predecessors are in
+            watch = Stopwatch("train_micro_batch", agent, step, j)
+            batch, segment_ids = scored_rows(ctx, agent, step, j, (ref,))
+            loss = 0.0
+            if j not in trainer.accumulated:  # a re-run after the step's kill already has it
+                loss = take_part(ctx, trainer, agent, step, j, batch, (ref,))
+            trains.append(train_ref(agent, step, j, batch, segment_ids, loss, watch))
+    except BaseException:
+        slots.forget(agent)  # partial gradients: the retry rebuilds from the store
+        raise
+    else:
+        slots.release(agent)
+    return step_agent(ctx, agent, step, tuple(trains))
 
 
 def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, ...]) -> StepRef:

@@ -201,12 +201,12 @@ def colocated_for_gradients(spec: MEGSpec, cluster: ClusterConfig) -> ClusterCon
     if spec.run.rollout_gradients == "off" or len(spec.agents) != 1:
         return None
     agent = next(iter(spec.agents))
-    on, _ = decide_auto(
-        spec, cluster.rollout_workers, 0, True, count_parameters(spec.agents[agent].model)
-    )
-    if not on and spec.run.rollout_gradients == "auto":
-        return None
-    if why_not(spec, agent) is not None or cluster.rollout_workers < spec.run.micro_batches:
+    if spec.run.rollout_gradients == "auto":
+        size = count_parameters(spec.agents[agent].model)
+        on = decide_auto(spec, cluster.rollout_workers, 0, True, size)[0]
+    else:  # on: wherever it applies, with a worker per micro-batch
+        on = why_not(spec, agent) is None and cluster.rollout_workers >= spec.run.micro_batches
+    if not on:
         return None
     fields = cluster.model_dump(exclude_unset=True, exclude={"train_threads"})
     return ClusterConfig(**{**fields, "colocate": True, "threads": 1})
