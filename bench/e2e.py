@@ -12,7 +12,9 @@ Two multi-agent baselines run beside flex: `sync` (the stage-synchronous MAS-RL 
 barrier per step, rollout and training on their own workers) and `marti-like` (MARTI's
 schedule: the same barrier, but every agent has one worker of its own on which its rollout
 and its training are colocated, so the agents train concurrently; it runs on a cluster of
-one colocated worker per agent, `PER_AGENT`). Each arm is a real `train` flow
+one colocated worker per agent, `PER_AGENT`, and, as MARTI generates an agent's whole
+rollout batch at once, in one micro-batch a step where every other arm runs
+`MICRO_BATCHES`; the JSON records each arm's `micro_batches`). Each arm is a real `train` flow
 (real Prefect server, Dask cluster, vLLM, training). Step 0 of every arm loads models and is
 excluded: `step_s` is the median completion interval of
 steps ≥ 1; `utilization` is busy task time over (steady-state wall × workers). Reported
@@ -36,7 +38,9 @@ without doing less work.
 
 `--repeats R` runs the whole list of arms R times, interleaved (arm order A B C, A B C, ...),
 and reports per arm the median over repeats: machine-wide slowdowns (a shared VM) then hit
-every arm alike instead of whichever arm happened to run at the time.
+every arm alike instead of whichever arm happened to run at the time. With R ≥ 2 every
+ratio and bound also comes per repeat (`<ratio>_spread`: repeats, min, max), each repeat's
+ratio taken between the two arms' runs of that repeat.
 """
 
 from __future__ import annotations
@@ -69,12 +73,14 @@ ARMS: dict[str, dict[str, Any]] = {
     "flex-dask": {"mode": "flex", "executor": "dask"},
     "flex-prefect-per-node": {"mode": "flex", "executor": "prefect"},
     "sync-prefect-per-node": {"mode": "sync", "executor": "prefect"},
-    "marti-like": {"mode": "sync", "balance": False, "cluster": "per-agent"},
+    # MARTI generates an agent's whole rollout batch at once: one micro-batch a step
+    "marti-like": {"mode": "sync", "balance": False, "cluster": "per-agent", "micro_batches": 1},
     "flex-elastic": {"mode": "flex", "elastic": True},
     "flex-auto": {"mode": "flex", "cluster": "auto"},
     "sync-auto": {"mode": "sync", "cluster": "auto"},
     "flex-auto-nobalance": {"mode": "flex", "balance": False, "cluster": "auto"},
 }
+MICRO_BATCHES = 2  # a step's micro-batches in every arm that names no `micro_batches` of its own
 PER_AGENT = "per-agent"
 BOUND_ARMS = ("flex", "flex-auto")  # arms whose bound over marti-like is reported
 AUTO = "auto"  # no cluster given: the run starts the one flows.cluster.layout chooses
@@ -88,7 +94,19 @@ def per_agent_cluster(n_agents: int) -> ClusterConfig:
     return ClusterConfig(colocate=True, rollout_workers=n_agents)
 
 
-def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int) -> Path:
+def micro_batches_of(arm: str) -> int:
+    """The micro-batches a step of `arm` runs in (`MICRO_BATCHES` unless the arm says)."""
+    return int(ARMS[arm].get("micro_batches", MICRO_BATCHES))
+
+
+def config_copy(
+    workload: str,
+    model: str,
+    out: Path,
+    steps: int,
+    episodes: int,
+    micro_batches: int = MICRO_BATCHES,
+) -> Path:
     data = yaml.safe_load(BUILTIN[workload].read_text())
     for agent in data["agents"].values():
         agent["model"] = model
@@ -96,7 +114,7 @@ def config_copy(workload: str, model: str, out: Path, steps: int, episodes: int)
         **data.get("run", {}),
         "steps": steps,
         "episodes_per_step": episodes,
-        "micro_batches": 2,
+        "micro_batches": micro_batches,
     }
     path = out / f"{workload}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -186,6 +204,8 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, Any]:
         out["workers"] = runs[0]["workers"]  # the same layout in every repeat
     if len(runs) > 1:
         out["step_s_repeats"] = [r["step_s"] for r in runs]
+        if "work_core_s" in runs[0]:
+            out["work_core_s_repeats"] = [r["work_core_s"] for r in runs]
     return out
 
 
@@ -243,6 +263,33 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
+    """Per-repeat values with their range: {"repeats": [...], "min": .., "max": ..}."""
+    vals = [round(v, digits) for v in values]
+    return {"repeats": vals, "min": min(vals), "max": max(vals)}
+
+
+def ratio_spreads(runs: dict[str, list[dict[str, Any]]], cpus: int) -> dict[str, Any]:
+    """Each headline ratio and bound per repeat (arms interleave, so repeat r of one arm ran
+    beside repeat r of the other): `<ratio>_spread` = {repeats, min, max}. With one repeat
+    there is no spread to report."""
+    out: dict[str, Any] = {}
+    n = min((len(rs) for rs in runs.values()), default=0)
+    if n < 2:
+        return out
+    for name, (num, den, digits) in RATIOS.items():
+        if num in runs and den in runs:
+            per = [runs[num][r]["step_s"] / runs[den][r]["step_s"] for r in range(n)]
+            per = [1 - x for x in per] if name.endswith("_overhead") else per
+            out[f"{name}_spread"] = spread(per, digits)
+    for arm in BOUND_ARMS:
+        if arm in runs and "marti-like" in runs and "work_core_s" in runs[arm][0]:
+            marti, work = runs["marti-like"], runs[arm]
+            per = [marti[r]["step_s"] * cpus / work[r]["work_core_s"] for r in range(n)]
+            out[f"bound_{arm}_over_marti_spread"] = spread(per)
+    return out
+
+
 def bound_over(arms: dict[str, dict[str, Any]], arm: str, baseline: str, cpus: int) -> float | None:
     """The most any schedule doing `arm`'s work a step could beat `baseline` by on `cpus`
     cores: baseline step / (arm's core-seconds a step / cpus)."""
@@ -285,7 +332,8 @@ def run(
                 for r in range(repeats):
                     for arm in arms:
                         kw = ARMS[arm]
-                        params = {k: v for k, v in kw.items() if k != "cluster"}
+                        params = {k: v for k, v in kw.items() if k != "cluster"}  # micro_batches
+                        # included: a run setting overriding the config's MICRO_BATCHES
                         address, roles = {
                             PER_AGENT: (per_agent.address, (n, n)),
                             AUTO: (None, None),
@@ -298,7 +346,10 @@ def run(
                             if arm in ("sync", "flex"):
                                 png = keep[1] / f"timeline_{wl}_{arm}.png"
                                 shutil.copy(run_dir / "timeline.png", png)
-            measured = {arm: median_of(rs) for arm, rs in runs.items()}
+            measured = {
+                arm: {**median_of(rs), "micro_batches": micro_batches_of(arm)}
+                for arm, rs in runs.items()
+            }
             bounds = {
                 f"bound_{arm}_over_marti": bound_over(measured, arm, "marti-like", cpus)
                 for arm in BOUND_ARMS
@@ -308,6 +359,7 @@ def run(
                 "arms": measured,
                 **ratios(measured),
                 **{k: v for k, v in bounds.items() if v is not None},
+                **ratio_spreads(runs, cpus),
             }
     return results
 
@@ -337,7 +389,14 @@ def render(results: dict[str, Any]) -> None:
             )
         con.print(t)
         keys = (*RATIOS, "idle_share_flex", *(f"bound_{arm}_over_marti" for arm in BOUND_ARMS))
-        con.print(", ".join(f"{k} {r[k]}" for k in keys if k in r))
+        con.print(
+            ", ".join(f"{k} {r[k]}{spread_text(r.get(f'{k}_spread'))}" for k in keys if k in r)
+        )
+
+
+def spread_text(s: dict[str, Any] | None) -> str:
+    """' (min–max over repeats)', or nothing with one repeat."""
+    return "" if s is None else f" ({s['min']}–{s['max']})"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

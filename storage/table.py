@@ -9,7 +9,9 @@ is an error (naming both segments), never a silent pick.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -63,6 +65,48 @@ class SegmentRef:
     rows: int
     versions: tuple[int, ...]
     pid: int  # writer process; meaningful for memory:// (per-process) only
+
+
+# Decoded committed segments this process read, by (store, run, agent, segment id, attempt):
+# committed segments are immutable, so a second read of one (fanout's three workers read the
+# planner's segment, the score tasks what the generates read) decodes nothing again. The
+# read path costs ~9 ms of CPU a segment (zarr's event loop) against ~10 µs for a copy out
+# of here. Bounded in bytes, least recently used out first; 0 turns it off.
+SEGMENT_CACHE_BYTES = 32 * 2**20
+_SEGMENTS: OrderedDict[tuple[str, ...], tuple[Any, int]] = OrderedDict()
+_SEGMENTS_LOCK = threading.Lock()
+
+
+def _columns_of(value: Any) -> dict[str, np.ndarray]:
+    return value.columns() if isinstance(value, SampleBatch) else dict(value)
+
+
+def _copy(value: Any) -> Any:
+    """A fresh copy of a cached rows batch or score columns: callers own what they read."""
+    cols = {k: v.copy() for k, v in _columns_of(value).items()}
+    return value.replace(**cols) if isinstance(value, SampleBatch) else cols
+
+
+def _cache_put(key: tuple[str, ...], value: Any) -> None:
+    size = sum(int(c.nbytes) for c in _columns_of(value).values())
+    if size > SEGMENT_CACHE_BYTES:
+        return
+    with _SEGMENTS_LOCK:
+        _SEGMENTS[key] = (_copy(value), size)
+        _SEGMENTS.move_to_end(key)
+        while sum(n for _, n in _SEGMENTS.values()) > SEGMENT_CACHE_BYTES:
+            _SEGMENTS.popitem(last=False)
+
+
+def _cache_get(key: tuple[str, ...]) -> Any | None:
+    if not SEGMENT_CACHE_BYTES:
+        return None
+    with _SEGMENTS_LOCK:
+        hit = _SEGMENTS.get(key)
+        if hit is None:
+            return None
+        _SEGMENTS.move_to_end(key)
+    return _copy(hit[0])
 
 
 class Table:
@@ -267,7 +311,7 @@ class Table:
             infos = [i for i in (self._info(self._sid(s)) for s in segments) if i.kind == "rows"]
         else:
             infos = self.segments(step=step, node=node, micro_batch=micro_batch)
-        batches = seg.read_many([self._job(i) for i in infos], "rows")
+        batches = self._read_segments(infos, "rows")
         batch = SampleBatch.concat(batches)
         pairs = {(i.step, i.micro_batch) for i in infos}
         steps = {k for k, _ in pairs}
@@ -290,6 +334,23 @@ class Table:
             return s.segment_id
         return s
 
+    def _read_segments(self, infos: list[SegmentInfo], kind: str) -> list[Any]:
+        """`seg.read_many` of `infos`, the segments this process decoded before taken from
+        its cache (`SEGMENT_CACHE_BYTES`), the others read concurrently and then cached."""
+        keys = [
+            (self.store.url, self.store.run_id, self.agent, i.segment_id, i.attempt, kind)
+            for i in infos
+        ]
+        out = [_cache_get(k) for k in keys]
+        missing = [n for n, v in enumerate(out) if v is None]
+        if missing:
+            read = seg.read_many([self._job(infos[n]) for n in missing], kind)
+            for n, value in zip(missing, read, strict=True):
+                out[n] = value
+                if SEGMENT_CACHE_BYTES:
+                    _cache_put(keys[n], value)
+        return out
+
     def _job(self, info: SegmentInfo) -> tuple[Any, str, int]:
         folder = self._p("segments", info.segment_id, info.attempt)
         return self.b.zarr_store(folder, read_only=True), self.b.url_of(folder), info.rows
@@ -301,9 +362,7 @@ class Table:
         status = batch.score_status.astype(object)
         index = {sid: i for i, sid in enumerate(batch.sample_id.tolist())}
         source: dict[int, str] = {}
-        for info, cols in zip(
-            infos, seg.read_many([self._job(i) for i in infos], "scores"), strict=True
-        ):
+        for info, cols in zip(infos, self._read_segments(infos, "scores"), strict=True):
             for sid, r, a, st in zip(
                 cols["sample_id"].tolist(),
                 cols["reward"],

@@ -115,6 +115,10 @@ class TrainRef:
     tokens: int
     loss: float
     timing: Timing
+    # how the micro-batch entered the step: "trained" (forward and backward on the trainer),
+    # "added" (a rollout worker's gradient part, `tasks.grad_parts`), "held" (the trainer
+    # or the step's record already had it: a re-run after a kill)
+    how: str = "trained"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,9 @@ class StepRef:
     timing: Timing
     publish_s: float = 0.0  # of the step's time, putting the new weights in the StateStore
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # finite diagnostics
+    # micro-batches by how they entered the step (`TrainRef.how`): with rollout gradients
+    # on, every "trained" one is a part refused and recomputed on the trainer
+    parts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -66,24 +67,24 @@ def accumulate_micro_batch(
     watch = Stopwatch("train_micro_batch", agent, step, mb)
     batch, segment_ids = scored_rows(ctx, agent, step, mb, after)
 
-    def done(loss: float) -> TrainRef:
-        return train_ref(agent, step, mb, batch, segment_ids, loss, watch)
+    def done(loss: float, how: str) -> TrainRef:
+        return train_ref(agent, step, mb, batch, segment_ids, loss, watch, how)
 
     if already_stepped(ctx, agent, step) is not None:  # stepped before a kill
-        return done(0.0)
+        return done(0.0, "held")
     slots = slots_of(ctx)
     # replays what it lost, and the micro-batches this one must follow
     trainer = acquire(ctx, agent, step, parts_before(mb), trainer_factory(ctx, agent))
     try:
-        loss = 0.0
+        loss, how = 0.0, "held"
         if mb not in trainer.accumulated:  # a re-run after the step's kill already has it
-            loss = take_part(ctx, trainer, agent, step, mb, batch, after)
+            loss, how = take_part(ctx, trainer, agent, step, mb, batch, after)
     except BaseException:
         slots.forget(agent)  # partial gradients: the retry rebuilds from the store
         raise
     else:
         slots.release(agent)
-    return done(loss)
+    return done(loss, how)
 
 
 def train_ref(
@@ -94,12 +95,15 @@ def train_ref(
     segment_ids: tuple[str, ...],
     loss: float,
     watch: Stopwatch,
+    how: str = "trained",
 ) -> TrainRef:
     """What accumulating micro-batch `mb` of `step` from `batch` returns (its rows' counts
-    and versions are what the optimizer step checks and records)."""
+    and versions are what the optimizer step checks and records; `how`: `TrainRef.how`)."""
     versions = tuple(int(v) for v in np.unique(batch.policy_version))
     tokens = int(batch.response_lengths.sum())
-    return TrainRef(agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done())
+    return TrainRef(
+        agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done(), how
+    )
 
 
 def take_part(
@@ -110,16 +114,16 @@ def take_part(
     mb: int,
     batch: Any,
     after: tuple[Any, ...],
-) -> float:
+) -> tuple[float, str]:
     """Accumulate micro-batch `mb`: add the gradient a generate task in `after` computed for
     it where it fits the trainer (`tasks.grad_parts.grad_part`), else forward and backward
-    here; its loss."""
+    here; its loss and how it went in ("added" or "trained", counted by the step)."""
     counts = (int(batch.response_lengths.sum()), len(batch))
     part = grad_part(after, agent, step, mb, trainer.version, counts)
     if part is None:
-        return accumulate_part(ctx, trainer, agent, step, mb, batch)
+        return accumulate_part(ctx, trainer, agent, step, mb, batch), "trained"
     trainer.add_part(Accum.from_json(part.accum), part.grads)
-    return float(part.accum["loss"])
+    return float(part.accum["loss"]), "added"
 
 
 def step_parts(ctx: RunContext, agent: str, step: int, parts: tuple[Any, ...]) -> StepRef:
@@ -138,10 +142,10 @@ def step_parts(ctx: RunContext, agent: str, step: int, parts: tuple[Any, ...]) -
         for j, ref in enumerate(parts):  # in order: every part's predecessors are in
             watch = Stopwatch("train_micro_batch", agent, step, j)
             batch, segment_ids = scored_rows(ctx, agent, step, j, (ref,))
-            loss = 0.0
+            loss, how = 0.0, "held"
             if j not in trainer.accumulated:  # a re-run after the step's kill already has it
-                loss = take_part(ctx, trainer, agent, step, j, batch, (ref,))
-            trains.append(train_ref(agent, step, j, batch, segment_ids, loss, watch))
+                loss, how = take_part(ctx, trainer, agent, step, j, batch, (ref,))
+            trains.append(train_ref(agent, step, j, batch, segment_ids, loss, watch, how))
     except BaseException:
         slots.forget(agent)  # partial gradients: the retry rebuilds from the store
         raise
@@ -167,6 +171,7 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
         )
     slots = slots_of(ctx)
     trainer = acquire(ctx, agent, step, len(trains), trainer_factory(ctx, agent))
+    parts = dict(Counter(t.how for t in trains))
     try:
         version_before = trainer.version
         result = trainer.step(expect={t.micro_batch: (t.tokens, t.rows) for t in trains})
@@ -191,6 +196,7 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
                 "staleness": ctx.staleness,
                 "max_carry": ctx.spec.run.rollout.carry_limit,  # april widens the rule
                 "rows": sum(t.rows for t in trains),
+                "parts": parts,
                 "trained": [[j, tok, seq] for j, (tok, seq) in sorted(result.parts.items())],
                 # ratio, clip and IS diagnostics, the zero-advantage fraction skipped (finite
                 # values only: the record is strict JSON)
@@ -220,6 +226,7 @@ def step_agent(ctx: RunContext, agent: str, step: int, trains: tuple[TrainRef, .
         watch.done(),
         publish_s,
         {k: v for k, v in result.metrics.items() if math.isfinite(v)},
+        parts,
     )
 
 

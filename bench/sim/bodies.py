@@ -70,6 +70,7 @@ class Drawn:
     prompt_tokens: int
     response_tokens: int
     mean_response: float
+    sequences: np.ndarray  # prompt + response tokens of each row (what training reads)
 
 
 @dataclass(slots=True)
@@ -144,7 +145,13 @@ class SimBodies:
             seconds += load  # the instance takes this agent's weights (after a rebalance)
             self.loads += 1
         self.last_agent[worker] = agent
-        d = Drawn(n, int(prompts.sum()), int(lengths.sum()), float(lengths.mean()) if n else 0.0)
+        d = Drawn(
+            n,
+            int(prompts.sum()),
+            int(lengths.sum()),
+            float(lengths.mean()) if n else 0.0,
+            prompts + lengths,
+        )
         self.drawn[(node, k, j)] = d
         weights = kw["weights"].result if isinstance(kw["weights"], SimTask) else kw["weights"]
         version = (weights.version if weights is not None else kw["base_version"],)
@@ -183,9 +190,9 @@ class SimBodies:
         agent, k, j = kw["agent"], kw["step"], kw["mb"]
         mine = [self.drawn[(n, k, j)] for n, s in self.spec.nodes.items() if s.agent == agent]
         rows = sum(d.rows for d in mine)
-        tokens = sum(d.prompt_tokens + d.response_tokens for d in mine)
+        seqs = np.concatenate([d.sequences for d in mine]) if mine else np.zeros(0)
         model, accel = self._model(agent), self.accel[worker]
-        compute = self.costs.train(model, tokens, accel)
+        compute = self.costs.train(model, seqs, accel)
         seconds = compute + self._acquire(agent, worker)
         segs = tuple(f"{n}-k{k}-mb{j}" for n, s in self.spec.nodes.items() if s.agent == agent)
 

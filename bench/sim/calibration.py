@@ -58,24 +58,43 @@ MODELS: dict[str, ModelProfile] = {
 }
 
 
-# ---- accelerators --------------------------------------------------------------------------
+# ---- the paper's accelerator -----------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Accelerator:
+class Hardware:
+    """The paper's node: 16 accelerators of 64 GB, HCCS inside, RoCE between nodes. Each
+    bandwidth is one device's own (its HBM, its PCIe link, its HCCS link, its RoCE port),
+    so a transfer is never divided over devices that do not share it."""
+
     name: str
     mem_bytes: float
-    peak_flops: float  # dense bf16/fp16 FLOP/s
-    hbm_bps: float  # HBM bytes/s
-    host_bps: float  # device ↔ host bytes/s (swaps, offload, weight loads)
-    publish_bps: float  # training group → rollout instances, bytes/s (weight publication)
+    peak_flops: float  # dense fp16/bf16 FLOP/s per device
+    hbm_bps: float
+    host_bps: float  # device ↔ host memory (swaps, offload, weight loads, sleep/wake)
+    intra_bps: float  # device ↔ device inside a node
+    inter_bps: float  # device ↔ device across nodes (weight publication, collectives)
+    host_mem_bps: float  # a node's host DRAM (CPU-side optimizer updates)
+    per_node: int
 
 
 # Ascend 910B-class (what "16 accelerators of 64 GB per node" is): 64 GB HBM2e and ~320
 # TFLOPS fp16 (boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100);
-# HBM bandwidth 1.6 TB/s (the figure commonly quoted for the 910B; the same article's
-# 400 GB/s is a per-stack number); host link PCIe 4.0 x16 = 32 GB/s per direction
-# (PCI-SIG spec); publication over 200 Gb/s RoCE = 25 GB/s per node (the 910 series'
-# RoCE v2 ports, vengineer.hatenablog.com/entry/2019/09/06/070000: 2×100 Gb/s per chip).
-ACC_64G = Accelerator("acc-64g", 64 * GB, 320e12, 1.6e12, 32 * GB, 25 * GB)
+# HBM bandwidth 1.6 TB/s (the figure commonly quoted for the 910B; reports range 1.2-1.6,
+# and the same article's 400 GB/s is a per-stack number); host link PCIe 4.0 x16 = 32 GB/s
+# per direction (PCI-SIG spec); HCCS 56 GB/s per link (Atlas 800T A2 datasheet, as
+# reported); RoCE v2 200 Gb/s = 25 GB/s per device (2 x 100 Gb/s ports per chip,
+# vengineer.hatenablog.com/entry/2019/09/06/070000); host DRAM: 4 Kunpeng 920 sockets x 8
+# channels of DDR4-2933 (23.5 GB/s each) ≈ 750 GB/s per node (Kunpeng 920 specification).
+ACC_64G = Hardware(
+    name="acc-64g",
+    mem_bytes=64 * GB,
+    peak_flops=320e12,
+    hbm_bps=1.6e12,
+    host_bps=32 * GB,
+    intra_bps=56 * GB,
+    inter_bps=25 * GB,
+    host_mem_bps=750 * GB,
+    per_node=16,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +114,8 @@ class Efficiency:
     train_mfu: float = 0.35
     # links: ~80% of nominal
     link: float = 0.8
+    # a CPU Adam streams fp32 states through host DRAM: half its peak (an estimate)
+    host_mem: float = 0.5
 
 
 EFFICIENCY = Efficiency()

@@ -1,4 +1,7 @@
-"""`python -m bench.sim [--small] [--json PATH] [--e2e PATH] [--plots DIR ...]`.
+"""`python -m bench.sim [--small] [--paper] [--json PATH] [--e2e PATH] [--plots DIR ...]`.
+
+`--paper`: only the paper's table (`paper_table.py`): every number the FlexMARL paper
+publishes that the model predicts, MA and CA at the paper's work, and `paper_ratio_error`.
 
 1. Validation: replays every arm `bench/e2e.py` measured (`--e2e`, default
    bench/results/e2e.json) on the `cpu-here` profile; `calibration_error` per arm.
@@ -25,9 +28,13 @@ from rich.table import Table
 
 from bench.sim.costs import profile
 from bench.sim.paper import KEYS, Setting, curve, scenario_row
+from bench.sim.paper_table import paper_table, render_paper
 from bench.sim.plots import scaling_plot
 from bench.sim.scenarios import PAPER_ACCEL
-from bench.sim.validate import validate
+from bench.sim.validate import summary, validate
+
+# measured runs nothing was fitted on: MARTI's whole-batch schedule (bench/e2e.py, 2026-12-07)
+HELDOUT = (Path("bench/results/e2e_layout.json"),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,9 @@ SMALL = Plan(
 )
 
 
-def run(plan: Plan, e2e: Path | None, plots: list[Path]) -> dict[str, Any]:
+def run(
+    plan: Plan, e2e: Path | None, plots: list[Path], heldout: tuple[Path, ...] = HELDOUT
+) -> dict[str, Any]:
     acc = profile("acc-64g")
     out: dict[str, Any] = {
         "date": str(date.today()),
@@ -70,8 +79,9 @@ def run(plan: Plan, e2e: Path | None, plots: list[Path]) -> dict[str, Any]:
         "steps": plan.steps,
     }
     if e2e is not None and e2e.is_file():
-        out["validation"] = validate(e2e)
+        out["validation"] = validate(e2e, heldout=heldout)
         out["calibration_error"] = {k: v["error"] for k, v in out["validation"].items()}
+        out["validation_summary"] = summary(out["validation"])
     setting = Setting(plan.accel, plan.steps)
     out["scenarios"] = {}
     for wl, n in plan.scenarios:
@@ -115,17 +125,19 @@ def render(res: dict[str, Any]) -> None:
     con = Console()
     if "validation" in res:
         t = Table(title="validation: predicted vs measured step_s (bench/e2e.py, cpu-here)")
-        for col in ("workload/arm", "measured s", "repeats", "predicted s", "error"):
+        for col in ("workload/arm", "role", "measured s", "repeats", "predicted s", "error"):
             t.add_column(col, justify="left" if col == "workload/arm" else "right")
         for arm, v in res["validation"].items():
             t.add_row(
                 arm,
+                v["role"],
                 f"{v['measured_s']:.3f}",
                 " ".join(f"{x:.2f}" for x in v["measured_repeats"]),
                 f"{v['predicted_s']:.3f}",
                 f"{100 * v['error']:+.1f}%",
             )
         con.print(t)
+        con.print(f"validation: {res['validation_summary']}")
     t = Table(
         title=f"paper scale: {res['accelerators']} accelerators (acc-64g), mean step time (s)"
     )
@@ -147,11 +159,40 @@ def render(res: dict[str, Any]) -> None:
         con.print(f"plot: {p}")
 
 
+def paper_main(small: bool, json_path: Path | None) -> dict[str, Any]:
+    kw: dict[str, Any] = {"steps": 3, "seeds": 1, "with_sensitivity": False} if small else {}
+    res = {
+        "date": str(date.today()),
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        **paper_table(**kw),
+    }
+    render_paper(res)
+    if json_path:
+        from bench.common import write_results
+
+        write_results(res, json_path)
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--small", action="store_true", help="one small scenario (the test's run)")
+    ap.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's table only: MA and CA at the paper's work, every published number "
+        "the model predicts, paper_ratio_error (with --small: 3 steps, 1 seed, no sensitivity)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--e2e", type=Path, default=Path("bench/results/e2e.json"))
+    ap.add_argument(
+        "--heldout",
+        type=Path,
+        action="append",
+        help="measured runs nothing was fitted on, replayed as held-out checks (repeatable; "
+        "default bench/results/e2e_layout.json; a missing file is skipped)",
+    )
     ap.add_argument(
         "--plots",
         type=Path,
@@ -160,12 +201,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "with --small the JSON's folder)",
     )
     a = ap.parse_args(argv)
+    if a.paper:
+        return paper_main(a.small, a.json)
     plots = a.plots or (
         ([a.json.parent] if a.json else [])
         if a.small
         else [Path("bench/results"), Path("docs/assets")]
     )
-    res = run(SMALL if a.small else FULL, a.e2e, plots)
+    heldout = tuple(a.heldout) if a.heldout is not None else HELDOUT
+    res = run(SMALL if a.small else FULL, a.e2e, plots, heldout)
     render(res)
     if a.json:
         from bench.common import write_results  # imports the train flow: only when writing

@@ -11,10 +11,11 @@ gap. On the measured arms (validation) the median is kept, to compare like with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.sim.costs import Costs
+from bench.sim.physics import PhysicsCosts
 from bench.sim.replay import SimRun, simulate
 from bench.sim.scenarios import MODES, WORKLOADS, Scenario
 
@@ -43,6 +44,8 @@ def run_mode(
     costs: Costs,
 ) -> SimRun:
     m = MODES[mode]
+    if isinstance(costs, PhysicsCosts):
+        costs = replace(costs, schedule=m.schedule)
     return simulate(
         sc.spec,
         m.arm,

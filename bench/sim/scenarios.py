@@ -17,9 +17,10 @@ Layouts over `accel` accelerators (16 per node of 64 GB):
   least `TRAIN_GROUP` accelerators per agent (data parallel over the group), otherwise as
   workers of `TRAIN_GROUP` shared by several agents through training slots (as many slots
   as 32B training states fit in 80% of the group's memory).
-- colocated (`marti-like`, MARTI's layout): every agent gets accel / N accelerators on
-  which its rollout and its training take turns, with a role switch (offload one side,
-  load the other) whenever the worker changes role.
+- colocated (`marti-like`, MARTI's layout: a placement group per agent, engines and trainer
+  colocated, `marti/controllers/multi_agent_controller.py` of MARTI v1): every agent gets
+  accel / N accelerators on which its rollout and its training take turns, its engines
+  asleep while it trains; an agent's whole batch is one task (micro-batches: 1).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 from bench.sim.calibration import ACC_64G, MODELS, PAPER_LENGTHS, PAPER_PROMPT_TOKENS
 from bench.sim.lengths import Lengths, LogNormalLengths
+from bench.sim.physics import FLEXMARL, MARTI, MASRL_SLEEP, Schedule
 from bench.sim.replay import Arm, Layout
 from engines.training.catalog import loss_names
 from meg import MEGSpec, build_spec, validate
@@ -146,8 +148,9 @@ WORKLOADS: dict[str, Callable[[int], Scenario]] = {
 
 
 # ---- layouts --------------------------------------------------------------------------------
-def disaggregated(n_agents: int, accel: int) -> Layout:
-    n_roll = min(ROLLOUT_WORKERS_PER_AGENT * n_agents, accel // 2 // INSTANCE)
+def disaggregated(n_agents: int, accel: int, per_agent: int = ROLLOUT_WORKERS_PER_AGENT) -> Layout:
+    """`per_agent`: rollout workers per agent (the paper setting's inter-query degree)."""
+    n_roll = min(per_agent * n_agents, accel // 2 // INSTANCE)
     if n_roll < n_agents:
         raise ValueError(
             f"{accel} accelerators give {n_roll} rollout instances for {n_agents} agents"
@@ -189,16 +192,19 @@ def whole_cluster(n_agents: int, accel: int) -> Layout:
 class Mode:
     arm: Arm
     layout: Callable[[int, int], Layout]
-    micro_batches: int | None = None  # the scenario's unless set (MAS-RL-like: one)
+    micro_batches: int | None = None  # the scenario's unless set (MARTI, MAS-RL-like: one)
+    schedule: Schedule = FLEXMARL  # the system's physical choices (physics.py)
 
 
 MODES: dict[str, Mode] = {
     "sync": Mode(Arm("sync"), disaggregated),
-    "marti-like": Mode(Arm("sync", balance=False), colocated),
+    # MARTI as its code runs (physics.MARTI): an agent's whole batch at once on its own
+    # colocated partition, engines asleep while it trains
+    "marti-like": Mode(Arm("sync", balance=False), colocated, 1, MARTI),
     "flex": Mode(Arm("flex"), disaggregated),
     "flex-nobalance": Mode(Arm("flex", balance=False), disaggregated),
     "flex-elastic": Mode(Arm("flex", elastic=True), disaggregated),
     "async-1": Mode(Arm("async", 1), disaggregated),
-    "mas-rl-like": Mode(Arm("sync", balance=False), whole_cluster, micro_batches=1),
+    "mas-rl-like": Mode(Arm("sync", balance=False), whole_cluster, 1, MASRL_SLEEP),
 }
 PAPER_ACCEL = 48 * PER_NODE

@@ -239,6 +239,12 @@ def train_cmd(args: argparse.Namespace) -> int:
     if out["reward_failures"]:
         failures = ", ".join(f"{a} {n}" for a, n in out["reward_failures"].items())
         print(f"failed reward calls (scored by run.scoring.on_failure): {failures}")
+    g = out["gradient_parts"]
+    if g.get("added"):  # gradients on the rollout workers: say what the trainer redid
+        print(
+            f"gradients on the rollout workers: {g['added']} micro-batches added, "
+            f"{g.get('trained', 0)} refused and recomputed on the trainer"
+        )
     r = out["rollout"]
     if r["carried_tokens"] or r["skipped_prompts"]:  # the april / greso policies acted
         print(

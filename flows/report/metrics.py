@@ -39,10 +39,13 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
     repeated: dict[int, int] = defaultdict(int)
     trained: dict[int, int] = defaultdict(int)
     failed: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    parts: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in results:
         if isinstance(r, StepRef):
             ends[r.step] = max(ends[r.step], r.timing.end)
             versions[r.step][r.agent] = r.version
+            for how, n in r.parts.items():
+                parts[r.step][how] += n
         elif isinstance(r, ScoreRef):
             team[r.step] += r.team
             for agent, v in r.agent_reward.items():
@@ -77,6 +80,9 @@ def per_step(results: list[Any], t0: float) -> list[dict[str, Any]]:
                 "replayed_prompts": replayed[k],  # earlier prompts in their place (bandit)
                 "repeated_prompts": repeated[k],  # extra episodes of a prompt (sera)
                 "failed_rewards": dict(sorted(failed[k].items())),  # agent → failed calls
+                # micro-batches by how they entered their step: "added" (a rollout worker's
+                # gradient), "trained" (on the trainer), "held" (a re-run after a kill)
+                "gradient_parts": dict(sorted(parts[k].items())),
             }
         )
         prev = max(prev, ends[k])
@@ -121,6 +127,7 @@ def summary(
         },
         "rollout": rollout_totals(steps),
         "reward_failures": reward_failures(steps),
+        "gradient_parts": gradient_parts(steps),
         "resumed_segments": sum(1 for r in results if isinstance(r, GenRef) and r.resumed),
         "publish_ms_median": publish_ms(results),
         "handovers": handovers(results),
@@ -146,6 +153,18 @@ def rollout_totals(steps: list[dict[str, Any]]) -> dict[str, Any]:
         "replayed_prompts": sum(r.get("replayed_prompts", 0) for r in steps),
         "repeated_prompts": sum(r.get("repeated_prompts", 0) for r in steps),
     }
+
+
+def gradient_parts(steps: list[dict[str, Any]]) -> dict[str, int]:
+    """Micro-batches over the run by how they entered their step. With
+    `run.rollout_gradients` on, "trained" counts the rollout workers' parts the trainer
+    refused (another version, other rows: `tasks.grad_parts.grad_part`) and recomputed —
+    the same result, more time; a run where it is not 0 is worth a look."""
+    out: dict[str, int] = defaultdict(int)
+    for r in steps:
+        for how, n in r.get("gradient_parts", {}).items():
+            out[how] += n
+    return dict(sorted(out.items()))
 
 
 def reward_failures(steps: list[dict[str, Any]]) -> dict[str, int]:

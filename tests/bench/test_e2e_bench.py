@@ -9,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from bench.e2e import ARMS, bound_over, kept_in, main, median_of, timeline_roles
+from bench.e2e import (
+    ARMS,
+    MICRO_BATCHES,
+    bound_over,
+    kept_in,
+    main,
+    median_of,
+    micro_batches_of,
+    ratio_spreads,
+    timeline_roles,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +47,12 @@ def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
         assert 0 < arm["cores_busy"] <= res["cpus"] + 0.05
         assert arm["work_core_s"] == pytest.approx(arm["cores_busy"] * arm["step_s"], abs=2e-3)
     assert r["arms"]["flex"]["workers"] == [1, 1] and r["arms"]["marti-like"]["workers"] == [2, 2]
+    # MARTI's schedule: an agent's whole batch in one micro-batch; every other arm in two
+    assert {a: m["micro_batches"] for a, m in r["arms"].items()} == {
+        a: 1 if a == "marti-like" else 2 for a in arms
+    }
+    marti_mbs = {t["micro_batch"] for t in marti_run_timeline(tmp_path) if t["micro_batch"] >= 0}
+    assert marti_mbs == {0}
     marti, flex = r["arms"]["marti-like"], r["arms"]["flex"]
     assert r["bound_flex_over_marti"] == pytest.approx(
         marti["step_s"] * res["cpus"] / flex["work_core_s"], rel=1e-2
@@ -96,7 +112,7 @@ def next_rollout_before_last_step(tasks: list[dict[str, Any]], step: int) -> flo
 def assert_marti_placement(tasks: list[dict[str, Any]], agents: int) -> None:
     """MARTI's layout: each agent generates and trains on one worker of its own, and the
     agents' optimizer steps of a step overlap in time (they train concurrently)."""
-    own = {t["agent"]: set() for t in tasks if t["phase"] != "score"}
+    own: dict[str, set[str]] = {t["agent"]: set() for t in tasks if t["phase"] != "score"}
     for t in tasks:
         if t["phase"] != "score":
             own[t["agent"]].add(t["worker"])
@@ -138,3 +154,32 @@ def test_the_bound_over_marti_is_its_step_over_the_arms_work_on_every_core() -> 
     assert bound_over(arms, "flex", "marti-like", 2) == pytest.approx(1.1 * 2 / 1.8, abs=1e-3)
     assert bound_over(arms, "flex-auto", "marti-like", 2) is None  # the arm did not run
     assert bound_over(arms, "marti-like", "flex", 2) is None  # its work was not measured
+
+
+def marti_run_timeline(tmp_path: Path) -> list[dict[str, Any]]:
+    return list(
+        json.loads((tmp_path / "e2e_runs/math-chain-marti-like-0.timeline.json").read_text())
+    )
+
+
+def test_marti_like_runs_an_agents_batch_at_once_and_the_other_arms_keep_theirs() -> None:
+    assert micro_batches_of("marti-like") == 1
+    assert all(micro_batches_of(a) == MICRO_BATCHES == 2 for a in ARMS if a != "marti-like")
+
+
+def test_ratios_and_bounds_come_per_repeat_with_their_range() -> None:
+    """Repeat r of one arm ran beside repeat r of the other: each repeat gives a ratio."""
+    runs = {
+        "marti-like": [{"step_s": 1.0}, {"step_s": 1.2}, {"step_s": 1.1}],
+        "flex": [{"step_s": s, "work_core_s": 1.6} for s in (0.8, 1.0, 1.1)],
+        "flex-dask": [{"step_s": 0.8}, {"step_s": 0.9}, {"step_s": 1.0}],
+    }
+    out = ratio_spreads(runs, cpus=2)
+    vs = out["speedup_flex_vs_marti_spread"]
+    assert vs["repeats"] == [1.25, 1.2, 1.0] and (vs["min"], vs["max"]) == (1.0, 1.25)
+    overhead = out["prefect_overhead_spread"]["repeats"]
+    assert overhead == pytest.approx([0.0, 0.1, 1 - 1.0 / 1.1], abs=1e-4)
+    bound = out["bound_flex_over_marti_spread"]
+    assert bound["repeats"] == pytest.approx([1.25, 1.5, 1.375], abs=1e-3)
+    assert "speedup_flex_vs_sync_spread" not in out  # sync did not run
+    assert ratio_spreads({a: rs[:1] for a, rs in runs.items()}, cpus=2) == {}  # one repeat

@@ -146,6 +146,10 @@ def test_a_run_with_it_on_trains_what_a_run_with_it_off_trains(
     log_off, log_on = (s.table("policy").consumption_log() for s in (off, on))
     for k in range(3):  # the same rows, the same micro-batches, the same losses
         assert log_on[k]["extra"]["trained"] == log_off[k]["extra"]["trained"]
+        # every micro-batch's part was added: none refused and recomputed on the trainer
+        mbs = len(log_on[k]["extra"]["trained"])
+        assert log_on[k]["extra"]["parts"] == {"added": mbs}, k
+        assert log_off[k]["extra"]["parts"] == {"trained": mbs}, k
         for key in ("loss", "grad_norm"):
             assert log_on[k]["extra"][key] == pytest.approx(log_off[k]["extra"][key], rel=1e-4)
     rows_off, rows_on = off.table("policy").read(), on.table("policy").read()
@@ -162,6 +166,8 @@ def test_a_run_with_it_on_trains_what_a_run_with_it_off_trains(
         r["phase"] for r in json.loads((Path(outs["on"]["run_dir"]) / "timeline.json").read_text())
     }
     assert "train_micro_batch" not in phases and "optimizer_step" in phases  # added, not trained
+    assert outs["on"]["gradient_parts"] == {"added": 3 * mbs}
+    assert [r["gradient_parts"] for r in outs["on"]["per_step"]] == [{"added": mbs}] * 3
     phases = {
         r["phase"] for r in json.loads((Path(outs["off"]["run_dir"]) / "timeline.json").read_text())
     }

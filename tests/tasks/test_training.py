@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,8 +23,15 @@ from storage.schema import SegmentKey
 from storage.testing import synthetic_batch
 from tasks.accounting import accumulate_part, already_stepped, read_scored
 from tasks.context import RunContext
+from tasks.grad_parts import gradient_part
 from tasks.refs import StepRef
-from tasks.training import accumulate_micro_batch, step_agent, train_config, trainer_factory
+from tasks.training import (
+    accumulate_micro_batch,
+    step_agent,
+    step_parts,
+    train_config,
+    trainer_factory,
+)
 from tasks.worker import slots_of, state_of, store_of
 from tests.tasks.conftest import drop_trainers, write_scored
 
@@ -93,6 +101,7 @@ def test_step_records_exactly_what_was_trained_and_audits_clean(new_ctx) -> None
     assert rec["extra"]["rows"] == sum(len(b) for b in batches)
     assert (rec["extra"]["version_before"], rec["extra"]["version_after"]) == (0, 1)
     assert (result.version, result.skipped, result.resumed) == (1, False, False)
+    assert rec["extra"]["parts"] == result.parts == {"trained": MBS}  # all on the trainer
 
     audit = audit_consistency(store_of(ctx))
     assert (audit.steps_checked, audit.rows_checked) == (1, sum(len(b) for b in batches))
@@ -380,3 +389,26 @@ def test_trainer_ahead_of_the_store_is_rebuilt_not_trained_on(
         rest = run_steps(ctx, 2, start=1)
     assert "resident trainer is ahead of the store; rebuilding it" in caplog.text
     assert_same_run(ctx, first + rest, ref, ref_steps)
+
+
+def test_rollout_gradient_parts_are_counted_added_or_refused_and_recomputed(new_ctx) -> None:
+    """`step_parts` adds a part computed at the trainer's version over its rows and
+    recomputes one that is not (here: computed at another version); the step says which,
+    and the result equals the step trained entirely on the trainer."""
+    ctx, ref = new_ctx("parts"), new_ctx("reference")
+    for c in (ctx, ref):
+        for j in range(MBS):
+            write_scored(c, AGENT, NODE, 0, j)
+    batches = [read_scored(ctx, AGENT, 0, j)[0] for j in range(MBS)]
+    good = gradient_part(ctx, AGENT, 0, 0, 0, batches[0])
+    stale = replace(gradient_part(ctx, AGENT, 0, 1, 0, batches[1]), version=7)
+    refs = tuple(SimpleNamespace(grad=p) for p in (good, stale))
+    got = step_parts(ctx, AGENT, 0, refs)
+    assert got.parts == {"added": 1, "trained": 1}
+    assert store_of(ctx).table(AGENT).consumption(0)["extra"]["parts"] == got.parts
+
+    trains = tuple(accumulate_micro_batch(ref, AGENT, 0, j) for j in range(MBS))
+    want = step_agent(ref, AGENT, 0, trains)
+    assert want.parts == {"trained": MBS}
+    assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    assert_close(published(ctx, 1), published(ref, 1), rtol=1e-5, atol=1e-6)

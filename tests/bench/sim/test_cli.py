@@ -25,7 +25,9 @@ def test_sim_cli_small_writes_the_json_and_plots(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "sim.json"
-    res = main(["--small", "--json", str(out), "--e2e", str(e2e)])
+    res = main(
+        ["--small", "--json", str(out), "--e2e", str(e2e), "--heldout", str(tmp_path / "no")]
+    )
     assert json.loads(out.read_text()) == res
     assert {"date", "machine"} <= set(res)
     assert set(res["calibration_error"]) == {"math-chain/sync", "math-chain/flex"}  # no Prefect arm
@@ -37,10 +39,16 @@ def test_sim_cli_small_writes_the_json_and_plots(tmp_path: Path) -> None:
     assert set(row["utilization"]) == set(KEYS)
     assert all(0 < u <= 1 for u in row["utilization"].values())
     assert row["speedup_vs_sync"] == pytest.approx(row["sync_s"] / row["flex_s"], rel=0.01)
-    # the headline ratios' direction at paper scale (chain-3 on 64 accelerators: 1.68x and
-    # 1.40x; full size 1.46-2.27x and 1.11-2.21x): flex beats sync and the MARTI-like schedule
+    # the headline ratios' direction at paper scale (chain-3 on 64 accelerators: 1.51x and
+    # 1.08x): flex beats sync and, from 3 agents, MARTI's schedule
     assert row["speedup_vs_sync"] > 1 and row["speedup_vs_marti"] > 1
     for point in (*res["curves"]["agents"], *res["curves"]["accelerators"]):
-        assert point["flex_s"] < min(point["sync_s"], point["marti_like_s"]), point
+        assert point["flex_s"] < point["sync_s"], point
+        if point["agents"] >= 3:
+            assert point["flex_s"] < point["marti_like_s"], point
+    # one agent: MARTI's colocation gives both roles every device, our disaggregated layout
+    # half of them to each role, and it loses (physics.py: nothing divides a replica's load)
+    (one,) = [p for p in res["curves"]["agents"] if p["agents"] == 1]
+    assert one["marti_like_s"] < one["flex_s"]
     for name in ("sim_scaling_agents.png", "sim_scaling_accelerators.png"):
         assert (tmp_path / name).stat().st_size > 1000

@@ -1,0 +1,33 @@
+"""The command line: `python -m bench.results_index render|check`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import bench.results_index as package
+from bench.results_index.checks import problems
+from bench.results_index.model import ROOT
+from bench.results_index.rendering import render
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.results_index", description=package.__doc__
+    )
+    parser.add_argument("command", choices=["render", "check"])
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout (default: this one)")
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        changed, failed = render(args.root)
+        for f in changed:
+            print(f"rendered {f}")
+        for f in failed:
+            print(f"not rendered: {f}")
+        return 1 if failed else 0
+    found = problems(args.root)
+    for p in found:
+        print(p)
+    print(f"{len(found)} problem(s)" if found else "results index: pages, index and JSON agree")
+    return 1 if found else 0
