@@ -62,6 +62,7 @@ from rich.table import Table
 
 from bench.common import cpu_model, train_run, write_results
 from bench.cores import CoreSampler
+from bench.packed import pack
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
 from workloads import BUILTIN
 
@@ -218,9 +219,10 @@ def n_agents(cfg: Path) -> int:
 def kept_in(json_path: Path) -> tuple[Path, Path]:
     """Where a run of `--json DIR/NAME.json` keeps its runs and its timeline pictures:
     `DIR/NAME_runs/` for both, except for `e2e.json`, the reference run, whose runs are
-    `DIR/e2e_runs/` (what `bench.sim` calibrates and validates against) and whose pictures
-    are `DIR/timeline_*.png` (the README's). So a side measurement written to another name
-    never overwrites the simulator's inputs."""
+    `DIR/e2e_runs/`, packed into `DIR/e2e_runs.json` (`bench.packed`: what `bench.sim`
+    calibrates against, the one copy git keeps) and whose pictures are `DIR/timeline_*.png`
+    (the README's). So a side measurement written to another name never overwrites the
+    simulator's inputs."""
     runs = json_path.parent / f"{json_path.stem}_runs"
     return runs, json_path.parent if json_path.stem == "e2e" else runs
 
@@ -434,6 +436,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     render(results)
     if a.json:
         write_results(results, a.json)
+        runs, _ = kept_in(a.json)
+        if a.json.stem == "e2e" and runs.is_dir():  # the reference run: one file in git
+            print(f"packed {pack(runs, runs.with_suffix('.json'))}")
     return results
 
 

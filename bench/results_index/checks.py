@@ -58,12 +58,15 @@ def siblings(root: Path, r: Result, index: Index) -> list[str]:
     for the script `bench/<name>.py` (or the package `bench/<name>/`), and the files other
     entries of the same script read. Compared within a benchmark only: keys such as
     `wall_s` or `team_reward` mean different things in different benchmarks' files. Raw
-    per-run dumps in folders (`e2e_runs/`) are not result files."""
+    per-run dumps (folders, and `e2e_runs.json`, the reference run's packed) are not result
+    files."""
     p = Path(r.script)
     name = p.parent.name if p.stem == "__main__" else p.stem
     files = {e.file for e in index.results if e.script == r.script}
     if r.script.startswith("bench/") and r.script.endswith(".py"):
         for f in sorted((root / RESULTS).glob("*.json")):
+            if f.stem.endswith("_runs"):  # runs packed by bench.packed
+                continue
             if f.stem == name or f.stem.startswith(name + "_"):
                 files.add(str(f.relative_to(root)))
     files.discard(str(INDEX))

@@ -1,4 +1,9 @@
-"""The command line: `python -m bench.results_index render|check`."""
+"""The command line: `python -m bench.results_index render|check`.
+
+render: values, spreads and dates from each entry's JSON into bench/results/index.json,
+then the index into the pages' markers. check: exit 1 with one line per problem (an
+unmarked number on the front page, a marker that disagrees with the index, an entry that
+disagrees with its JSON, one key with two values among a benchmark's files)."""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-import bench.results_index as package
 from bench.results_index.checks import problems
 from bench.results_index.model import ROOT
 from bench.results_index.rendering import render
@@ -14,7 +18,9 @@ from bench.results_index.rendering import render
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.results_index", description=package.__doc__
+        prog="python -m bench.results_index",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("command", choices=["render", "check"])
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout (default: this one)")

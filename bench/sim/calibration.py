@@ -158,12 +158,12 @@ class LinearFit:
 
 
 # Fitted by `python -m bench.sim.fit tasks` (2026-12-03) on the timelines `bench/e2e.py`
-# kept in bench/results/e2e_runs/ (run 18:28-18:49 UTC, tiny Llama 2 layers × 128 dims, vLLM
-# CPU, 2 cores, 6 steps × 32 episodes, 2 micro-batches, 3 repeats, after the fix that shuts
-# a dropped host's engine down: the earlier runs' workers carried every previous run's
-# engines): task costs from the `flex` arm of math-chain and fanout (210 generate and 210
-# train tasks of steps ≥ 1), effective cores from the `marti-like` arm against it. See
-# docs/simulator.md.
+# kept (bench/results/e2e_runs.json, packed; run 18:28-18:49 UTC, tiny Llama 2 layers ×
+# 128 dims, vLLM CPU, 2 cores, 6 steps × 32 episodes, 2 micro-batches, 3 repeats, after
+# the fix that shuts a dropped host's engine down: the earlier runs' workers carried every
+# previous run's engines): task costs from the `flex` arm of math-chain and fanout (210
+# generate and 210 train tasks of steps ≥ 1), effective cores from the `marti-like` arm
+# against it. See docs/simulator.md.
 CPU_HERE = LinearFit(
     gen_task=0.0601,
     gen_iter=0.0,  # not identifiable here: the tiny model's answers are ~2 tokens long

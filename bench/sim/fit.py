@@ -1,12 +1,13 @@
 """Fit `cpu-here`'s constants from real runs.
 
     python -m bench.sim.fit lengths RUN_DIR...            # response lengths, from stores
-    python -m bench.sim.fit tasks --runs DIR [--arm flex]  # task costs, from timelines
+    python -m bench.sim.fit tasks --runs RUNS [--arm flex]  # task costs, from timelines
 
 `lengths` reads the stores of `flexmarl train` run directories: per workload node, the
 quantiles of the response lengths and the prompt tokens before the parents' answers.
 `tasks` reads the `<workload>-<arm>-<repeat>.timeline.json` files `bench/e2e.py` keeps
-(`bench/results/e2e_runs/`), steps ≥ 1 only (step 0 loads models), and fits
+(`bench/results/e2e_runs.json`: its folder of runs, packed), steps ≥ 1 only (step 0 loads
+models), and fits
 `calibration.LinearFit` by non-negative least squares: a task's tokens come from its MEG
 (rows per micro-batch) and the length quantiles, since a timeline names a task's agent and
 micro-batch but not its tokens. The workers' effective cores are fitted twice: from single
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.packed import members
 from bench.sim.calibration import EMPIRICAL_LENGTHS, EMPIRICAL_PROMPTS
 from meg import MEGSpec, expand_episode
 from storage.store import MEGStore
@@ -169,22 +171,19 @@ def fit_tasks(parts: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def timelines(runs: Path, workload: str, arm: str) -> list[list[dict[str, Any]]]:
-    """Every repeat's tasks of steps ≥ 1 of one workload and arm."""
+    """Every repeat's tasks of steps ≥ 1 of one workload and arm, from a folder of runs or
+    the file `bench.packed` made of it."""
     name = re.compile(rf"{re.escape(workload)}-{re.escape(arm)}-\d+\.timeline\.json")
-    files = sorted(f for f in runs.glob("*.timeline.json") if name.fullmatch(f.name))
+    files = members(runs)
     return [
         [
             t | {"phase": LEGACY_PHASES.get(t["phase"], t["phase"])}
-            for t in load(f)
+            for t in files[f]
             if t["step"] >= 1
         ]
-        for f in files
+        for f in sorted(files)
+        if name.fullmatch(f)
     ]
-
-
-def load(path: Path) -> list[dict[str, Any]]:
-    tasks: list[dict[str, Any]] = json.loads(path.read_text())
-    return tasks
 
 
 def e2e_fit(
@@ -248,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ln = sub.add_parser("lengths", help="length quantiles from run stores")
     ln.add_argument("runs", nargs="+", type=Path)
     tk = sub.add_parser("tasks", help="task costs from e2e timelines")
-    tk.add_argument("--runs", type=Path, default=Path("bench/results/e2e_runs"))
+    tk.add_argument("--runs", type=Path, default=Path("bench/results/e2e_runs.json"))
     tk.add_argument("--arm", default="flex", help="the arm whose task times are fitted")
     tk.add_argument("--shared-arm", default="marti-like", help="the arm that fits effective cores")
     tk.add_argument("--e2e", type=Path, default=Path("bench/results/e2e.json"))
