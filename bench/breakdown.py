@@ -50,6 +50,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from storage.table import SEGMENT_CACHE_BYTES
+
 # (module, attribute, phase): what the workers' timers wrap. `run_task` is the task body
 # (its exclusive time: "task glue"); the class methods cover every caller.
 PHASES: tuple[tuple[str, str, str], ...] = (
@@ -97,7 +99,6 @@ CATEGORIES: dict[str, str] = {
 }
 ORDER = tuple(dict.fromkeys(CATEGORIES.values()))
 PERIOD = 0.2  # seconds between the sampler's reads
-DEFAULT_CACHE = 32 * 2**20  # storage.table.SEGMENT_CACHE_BYTES (not imported on the driver)
 # --cut: the segment cache on and off (before the cut), interleaved
 CUT_ARMS: dict[str, dict[str, Any]] = {
     "flex": {"mode": "flex"},
@@ -181,8 +182,7 @@ def set_segment_cache(nbytes: int) -> None:
     emptied so that each run starts cold."""
     from storage import table
 
-    table.SEGMENT_CACHE_BYTES = nbytes
-    table._SEGMENTS.clear()
+    table.set_segment_cache(nbytes)
 
 
 def phase_timers() -> Any:
@@ -401,7 +401,7 @@ def run(
                 for arm, params in arms.items():
                     run_dir = work / f"{workload}-{arm}-{r}"
                     c.run(taken)  # earlier runs' records
-                    c.run(set_segment_cache, params.get("segment_cache", DEFAULT_CACHE))
+                    c.run(set_segment_cache, params.get("segment_cache", SEGMENT_CACHE_BYTES))
                     kw = {k: v for k, v in params.items() if k != "segment_cache"}
                     out = train_run(cfg, run_dir, cluster.address, **kw)
                     time.sleep(2 * PERIOD)  # a sample after the run's end

@@ -77,6 +77,14 @@ _SEGMENTS: OrderedDict[tuple[str, ...], tuple[Any, int]] = OrderedDict()
 _SEGMENTS_LOCK = threading.Lock()
 
 
+def set_segment_cache(nbytes: int) -> None:
+    """Bound this process's segment cache at `nbytes` (0: off) and empty it."""
+    global SEGMENT_CACHE_BYTES
+    with _SEGMENTS_LOCK:
+        SEGMENT_CACHE_BYTES = nbytes
+        _SEGMENTS.clear()
+
+
 def _columns_of(value: Any) -> dict[str, np.ndarray]:
     return value.columns() if isinstance(value, SampleBatch) else dict(value)
 

@@ -67,7 +67,6 @@ class Drawn:
     """What one generate task produced (the store's role: later tasks read it)."""
 
     rows: int
-    prompt_tokens: int
     response_tokens: int
     mean_response: float
     sequences: np.ndarray  # prompt + response tokens of each row (what training reads)
@@ -147,7 +146,6 @@ class SimBodies:
         self.last_agent[worker] = agent
         d = Drawn(
             n,
-            int(prompts.sum()),
             int(lengths.sum()),
             float(lengths.mean()) if n else 0.0,
             prompts + lengths,

@@ -37,7 +37,15 @@ from bench.sim.costs import Costs
 from bench.sim.lengths import LogNormalLengths
 from bench.sim.physics import FLEXMARL, MARTI, MASRL_RELOAD, MASRL_SLEEP, PhysicsCosts, Schedule
 from bench.sim.replay import Arm, Layout
-from bench.sim.scenarios import BIG, SMALL, Scenario, _spec, colocated, disaggregated
+from bench.sim.scenarios import (
+    BIG,
+    SMALL,
+    Scenario,
+    _spec,
+    colocated,
+    disaggregated,
+    whole_cluster,
+)
 
 PAPER_ACCEL = 48 * 16
 QUERIES = 4  # inter-query parallelism: queries per step (global batch 64 = 4 × 16)
@@ -174,11 +182,6 @@ def flexmarl_layout(n_agents: int, accel: int) -> Layout:
     return disaggregated(n_agents, accel, per_agent=QUERIES)
 
 
-def one_queue(n_agents: int, accel: int) -> Layout:
-    """Every task on one worker of `accel` devices: the agents take turns."""
-    return Layout(("cluster",), ("cluster",), {"cluster": accel}, n_agents)
-
-
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
@@ -215,7 +218,7 @@ SYSTEMS: dict[str, System] = {
         System(
             "mas-rl/partitions",
             Arm("sync", balance=False),
-            one_queue,
+            whole_cluster,
             MARTI,
             micro_batches=1,
             partition=True,
@@ -224,7 +227,7 @@ SYSTEMS: dict[str, System] = {
         System(
             "mas-rl/sleep",
             Arm("sync", balance=False),
-            one_queue,
+            whole_cluster,
             MASRL_SLEEP,
             micro_batches=1,
             what="whole cluster, agents in turn, sleep/wake and state offload per change",
@@ -232,7 +235,7 @@ SYSTEMS: dict[str, System] = {
         System(
             "mas-rl/reload",
             Arm("sync", balance=False),
-            one_queue,
+            whole_cluster,
             MASRL_RELOAD,
             micro_batches=1,
             what="whole cluster, agents in turn, an engine re-created per change",
@@ -240,7 +243,7 @@ SYSTEMS: dict[str, System] = {
         System(
             "mas-rl/partitions-serial",
             Arm("sync", balance=False),
-            one_queue,
+            whole_cluster,
             MARTI,
             partition=True,
             what="static partitions, agents in turn, one query at a time",
@@ -248,7 +251,7 @@ SYSTEMS: dict[str, System] = {
         System(
             "mas-rl/reload-serial",
             Arm("sync", balance=False),
-            one_queue,
+            whole_cluster,
             MASRL_RELOAD,
             what="whole cluster, agents in turn, engine re-created, one query at a time",
         ),

@@ -258,7 +258,7 @@ def paper_table(
             for wl in WORKLOADS
         },
         "paper_ratios": {
-            wl: {k: round(p[num] / p[den], 3) for k, (num, den) in RATIOS.items()}
+            wl: {k: round(p[num] / p[den], 4) for k, (num, den) in RATIOS.items()}
             for wl, p in PAPER_STEP_S.items()
         },
         "paper_ratio_error_per_seed": [round(e, 4) for e in per_seed],
