@@ -56,7 +56,7 @@ $(WP_MODEL)/config.json: | setup
 	$(BIN)/flexmarl tiny-model $(WP_MODEL) --warm-start word-problems
 
 lint: setup
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy meg storage engines tasks flows workloads bench
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy meg storage engines workloads policies tasks flows bench
 
 bench: setup models
 	$(BIN)/python -m bench.store --json bench/results/store.json
@@ -66,7 +66,7 @@ bench: setup models
 	$(BIN)/python -m bench.sim --json bench/results/sim.json  # validates against the e2e run above
 	$(BIN)/python -m bench.sim.balance --json bench/results/sim_balance.json
 	$(BIN)/python -m bench.peer_trl --repeats 2 --json bench/results/peer_trl.json
-	$(BIN)/python -m bench.backends --json bench/results/backends.json  # which backend on CPU, by model size
+	$(BIN)/python -m bench.rollout_engines --json bench/results/rollout_engines.json  # which rollout engine on CPU, by model size
 	$(BIN)/python -m bench.compaction --json bench/results/compaction.json  # finished rows leaving the hf batch
 	$(BIN)/python -m bench.kv_cache --json bench/results/kv_cache.json  # a CPU vLLM engine's KV cache sized from the run
 	$(BIN)/python -m bench.soak --json bench/results/soak.json --png bench/results/soak.png

@@ -1,7 +1,7 @@
 """Agentic episodes: early stop, flex over sync, and whether the repair loop learns.
 
     python -m bench.agentic [--small] [--steps N] [--episodes N] [--heldout N]
-                            [--model DIR] [--seed S] [--json PATH]
+                            [--model DIR] [--seed S] [--json PATH] [--scheduler ADDRESS]
 
 Every arm trains the warm-started `code-repair` team (coder → run_tests → reviewer, up to
 3 rounds) for the same steps, with the same seed, on a fresh local cluster laid out as a
@@ -32,7 +32,7 @@ repair turn itself learned), `crbc_vs_episode_reward_delta` (held-out `final_rew
 in core-seconds (`bench.cores`), and `bound_flex_over_sync_agentic`: sync's step over the
 fastest step any schedule doing `early`'s work could have on this machine's cores.
 `--small` (the test suite): 2 steps × 2 episodes, 4 held-out tasks, a 2-step warm start,
-one shared cluster.
+one shared cluster (`--scheduler`: a running one's address).
 """
 
 from __future__ import annotations
@@ -166,7 +166,10 @@ def run(
     shared: bool,
     warm_steps: int | None = None,
     seed: int = 0,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
+    """Every arm in turn, each on a cluster of its own, or all on one (`shared`: the one at
+    `scheduler`, or one started here)."""
     results: dict[str, Any] = {
         "date": str(date.today()),
         "machine": platform.node(),
@@ -179,8 +182,9 @@ def run(
     }
     with prefect_api(), ExitStack() as stack, CoreSampler() as cores:
         model = model or build_model(work, warm_steps)
-        cluster = stack.enter_context(dask_cluster(ClusterConfig())) if shared else None
-        address = None if cluster is None else cluster.address
+        if shared and scheduler is None:
+            scheduler = stack.enter_context(dask_cluster(ClusterConfig())).address
+        address = scheduler if shared else None
         arms = {}
         for arm in ARMS:
             cfg = config_copy(arm, model, work, steps, episodes, seed)
@@ -226,11 +230,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model", help="a warm-started code-repair model (default: build one)")
     p.add_argument("--seed", type=int, default=0, help="run seed (data order and sampling)")
     p.add_argument("--json", default="bench/results/agentic.json")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --small: the arms on the running Dask cluster at ADDRESS (default: start one)",
+    )
     a = p.parse_args(argv)
+    if a.scheduler is not None and not a.small:
+        p.error("--scheduler is for --small (a full run gives every arm a cluster of its own)")
     steps, episodes, tasks = (2, 2, 4) if a.small else (a.steps, a.episodes, a.heldout)
     with tempfile.TemporaryDirectory(prefix="flexmarl-agentic-") as tmp:
         warm = 2 if a.small else None  # --small checks keys, not learning
-        res = run(steps, episodes, tasks, Path(tmp), a.model, a.small, warm_steps=warm, seed=a.seed)
+        res = run(steps, episodes, tasks, Path(tmp), a.model, a.small, warm, a.seed, a.scheduler)
     Console().print(table(res))
     keys = [k for k in res if k.endswith(("_ratio", "_agentic", "_before", "_after", "_delta"))]
     for k in keys:

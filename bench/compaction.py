@@ -9,7 +9,7 @@ off (every row decodes to the longest), calls alternating after one untimed warm
 `generate_s` is the median of `--repeats` calls; `compaction_time_ratio` is on / off (< 1:
 compaction saves time).
 
-Two length profiles on random models of growing size (`bench.backends.SIZES`):
+Two length profiles on random models of growing size (`bench.rollout_engines.SIZES`):
 
 - `longtail`: a set of stop tokens of ~1/64 of the vocabulary, so each token ends its row
   with p ≈ 1/64: lengths spread from a few tokens to the budget, as RL responses do;
@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.backends import SIZES
 from bench.common import (
     alternate,
     engine_bench_args,
@@ -37,6 +36,7 @@ from bench.common import (
     results_header,
     write_results,
 )
+from bench.rollout_engines import SIZES
 
 HELPS = ("the toy model, 32 tokens (tests)", "timed calls per arm")  # --small, --repeats
 DEFAULT_JSON = Path(__file__).parent / "results" / "compaction.json"
@@ -81,7 +81,7 @@ def time_arms(engine: Any, profile: str, max_tokens: int, repeats: int) -> dict[
 
 
 def measure(sizes: Sequence[str], max_tokens: int, repeats: int, work: Path) -> dict[str, Any]:
-    from bench.backends import parameters
+    from bench.rollout_engines import parameters
     from engines.rollout.hf_backend import HFBackend
     from workloads.tiny_model import build_tiny_model
 

@@ -53,6 +53,7 @@ from engines.rollout.base import (
 )
 from meg import load_meg
 from meg.policies import AprilRollout
+from policies.april import April
 from workloads import BUILTIN
 from workloads.datasets import load_dataset
 from workloads.longtail import longtail as _registers_the_generator  # noqa: F401
@@ -134,7 +135,7 @@ def measure(
 ) -> dict[str, Any]:
     prompts = [p for p in longtail_prompts(model, episodes) for _ in range(n)]
     groups = tuple(i // n for i in range(len(prompts)))
-    quota = AprilRollout(policy="april", over_provision=over_provision).quota(episodes)
+    quota = April(AprilRollout(policy="april", over_provision=over_provision)).quota(episodes)
     backend = make_backend("vllm", model)
     cut = Cut(groups=groups, quota=quota)
 

@@ -3,6 +3,7 @@ and flex on plain Dask futures, side by side in one run, on one cluster.
 
     python -m bench.e2e [--small] [--json PATH] [--workloads fanout,math-chain]
                         [--steps N] [--episodes N] [--model DIR] [--repeats R]
+                        [--arms A,B] [--scheduler ADDRESS]
 
 Arms run with the default hybrid executor (plain Dask futures per node, one Prefect task
 run per step) unless named: `flex-dask` has no Prefect task at all, `*-prefect-per-node`
@@ -41,6 +42,10 @@ and reports per arm the median over repeats: machine-wide slowdowns (a shared VM
 every arm alike instead of whichever arm happened to run at the time. With R ≥ 2 every
 ratio and bound also comes per repeat (`<ratio>_spread`: repeats, min, max), each repeat's
 ratio taken between the two arms' runs of that repeat.
+
+`--scheduler ADDRESS` runs the arms of the shared cluster on the running cluster at ADDRESS
+(1 rollout + 1 training worker, as `ClusterConfig()` starts it) instead of starting one:
+the test suite's session cluster.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import platform
 import shutil
 import statistics
 import tempfile
+from contextlib import ExitStack
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -309,11 +315,13 @@ def run(
     repeats: int = 1,
     keep: tuple[Path, Path] | None = None,
     arms: tuple[str, ...] = tuple(ARMS),
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
     """All arms on every workload; `keep`: where to keep every run's timeline and summary,
     and the sync and flex timeline pictures (`kept_in`). Arms share one cluster (1 rollout + 1
-    training worker) except `marti-like`, which gets one colocated worker per agent, and the
-    `*-auto` arms, each run on a cluster of its own that the run lays out itself."""
+    training worker; the one at `scheduler`, or one started here) except `marti-like`, which
+    gets one colocated worker per agent, and the `*-auto` arms, each run on a cluster of its
+    own that the run lays out itself."""
     cpus = psutil.cpu_count() or 1
     results: dict[str, Any] = {
         "date": str(date.today()),
@@ -325,7 +333,10 @@ def run(
         "repeats": repeats,
         "workloads": {},
     }
-    with prefect_api(), dask_cluster(ClusterConfig()) as shared, CoreSampler() as cores:
+    with prefect_api(), ExitStack() as stack:
+        if scheduler is None:
+            scheduler = stack.enter_context(dask_cluster(ClusterConfig())).address
+        cores = stack.enter_context(CoreSampler())
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes)
             n = n_agents(cfg)
@@ -339,7 +350,7 @@ def run(
                         address, roles = {
                             PER_AGENT: (per_agent.address, (n, n)),
                             AUTO: (None, None),
-                        }.get(kw.get("cluster", ""), (shared.address, (1, 1)))
+                        }.get(kw.get("cluster", ""), (scheduler, (1, 1)))
                         run_dir = work / f"{wl}-{arm}-{r}"
                         out = train_run(cfg, run_dir, address, **params)
                         runs[arm].append(steady_state(out, run_dir, roles, cores))
@@ -411,6 +422,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="models/tiny-math", help="HF model dir for every agent")
     ap.add_argument("--repeats", type=int, default=1, help="run every arm R times, interleaved")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"a subset of {', '.join(ARMS)}")
+    ap.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="the shared arms on the running Dask cluster at ADDRESS (default: start one)",
+    )
     a = ap.parse_args(argv)
     unknown = set(a.arms.split(",")) - set(ARMS)
     if unknown:
@@ -432,6 +448,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             a.repeats,
             kept_in(a.json) if a.json else None,
             tuple(a.arms.split(",")),
+            a.scheduler,
         )
     render(results)
     if a.json:

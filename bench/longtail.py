@@ -2,6 +2,7 @@
 
     python -m bench.longtail [--small] [--steps N] [--episodes N] [--repeats R]
                              [--workloads longtail,fanout] [--train-size N] [--json PATH]
+                             [--heldout N [--heldout-arms A,B]] [--scheduler ADDRESS]
 
 Five arms, each training the same warm-started model on the same workload for the same
 steps on a fresh default local cluster, interleaved `R` times:
@@ -32,7 +33,11 @@ steps on a fresh default local cluster, interleaved `R` times:
 `--heldout N` also evaluates each arm's final models on the workload's held-out split (each
 agent sampling as in training, N episodes a task): `heldout_team_reward` per arm and
 `<arm>_heldout_reward_delta` (paired by seed) — the reward comparison that does not depend
-on which prompts or responses an arm chose to train on.
+on which prompts or responses an arm chose to train on. `--heldout-arms` evaluates only
+those arms (and the baseline, which every delta is over).
+
+`--small` (the test suite): longtail only, 2 steps × 4 episodes, one seed, a 2-step warm
+start, every arm on one shared cluster (`--scheduler`: an existing one's address).
 
 The dataset is cut to `--train-size` tasks (default 2 × episodes per step) in every arm, so
 prompts recur and GRESO has a history to select from. Repeat r runs every arm with run seed r
@@ -255,8 +260,8 @@ def run_arm(
             "thrown_away_tokens": out["rollout"]["thrown_away_tokens"],
             "offpolicy_frac": out["rollout"]["offpolicy_frac"],
             "skipped_prompts": out["rollout"]["skipped_prompts"],
-            "replayed_prompts": out["rollout"]["replayed_prompts"],
-            "repeated_prompts": out["rollout"]["repeated_prompts"],
+            "replayed_prompts": out["rollout"].get("replayed_prompts", 0),  # bandit only
+            "repeated_prompts": out["rollout"].get("repeated_prompts", 0),  # sera only
             "zero_adv_fraction": zero_adv_fraction(out),
             "team_reward_last3": round(statistics.mean(rewards[-3:]), 4),
             "violations": st["violations"],
@@ -284,8 +289,15 @@ def run(
     shared_cluster: bool = False,
     arms_run: tuple[str, ...] = ARMS,
     heldout: int = 0,
+    heldout_arms: tuple[str, ...] | None = None,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
+    """Every arm of `arms_run` on every workload, `repeats` seeds interleaved; each on a
+    fresh cluster, or all on one (`shared_cluster`: started here, or the one at
+    `scheduler`); `heldout` episodes per held-out task for the arms in `heldout_arms` and
+    the baseline (None: every arm)."""
     size = train_size or 2 * episodes
+    evaluated = set(arms_run if heldout_arms is None else ("baseline", *heldout_arms))
     results: dict[str, Any] = {
         "date": str(date.today()),
         "machine": platform.node(),
@@ -296,6 +308,7 @@ def run(
         "repeats": repeats,
         "arms": list(arms_run),
         "heldout_repeats": heldout,
+        "heldout_arms": [a for a in arms_run if a in evaluated] if heldout else [],
         "workloads": list(workloads),
         "april": APRIL,
         "april_c4": APRIL_C4,
@@ -309,14 +322,15 @@ def run(
     }
     with prefect_api(), ExitStack() as stack:
         models = {w: build_model(w, work, warm_steps) for w in workloads}
-        shared = stack.enter_context(dask_cluster(ClusterConfig())) if shared_cluster else None
+        if shared_cluster and scheduler is None:
+            scheduler = stack.enter_context(dask_cluster(ClusterConfig())).address
         for w in workloads:
             runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms_run}
             for rep in range(repeats):
                 for arm in arms_run:
                     cfg = config_copy(w, arm, models[w], work, steps, episodes, size, seed=rep)
-                    address = None if shared is None else shared.address
-                    out = run_arm(cfg, work / f"{w}-{arm}-{rep}", address, heldout)
+                    evals = heldout if arm in evaluated else 0
+                    out = run_arm(cfg, work / f"{w}-{arm}-{rep}", scheduler, evals)
                     runs[arm].append(out)
             arms = {
                 a: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]}
@@ -333,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--small",
         action="store_true",
-        help="longtail only, 3 steps × 4 episodes, 2 warm steps, one cluster for all arms",
+        help="longtail only, 2 steps × 4 episodes, 2 warm steps, one cluster for all arms",
     )
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--episodes", type=int, default=32)
@@ -348,6 +362,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="N",
         help="evaluate each arm's final models on the held-out split, N episodes a task",
     )
+    p.add_argument(
+        "--heldout-arms",
+        metavar="A,B",
+        help="with --heldout: evaluate only these arms (and the baseline; default: every arm)",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --small: run the arms on the Dask cluster at ADDRESS (default: start one)",
+    )
     p.add_argument("--json", default="bench/results/longtail.json")
     args = p.parse_args(argv)
     workloads = tuple(args.workloads.split(","))
@@ -357,8 +381,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     arms = ("baseline", *(a for a in args.arms.split(",") if a != "baseline"))
     if set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; known: {', '.join(ARMS)}")
+    heldout_arms = None if args.heldout_arms is None else tuple(args.heldout_arms.split(","))
+    if heldout_arms is not None and set(heldout_arms) - set(arms):
+        p.error(f"--heldout-arms {sorted(set(heldout_arms) - set(arms))} not in --arms")
+    if args.scheduler is not None and not args.small:
+        p.error("--scheduler is for --small (a full run gives every arm a fresh cluster)")
     steps, episodes, repeats, warm = (
-        (3, 4, 1, 2) if args.small else (args.steps, args.episodes, args.repeats, None)
+        (2, 4, 1, 2) if args.small else (args.steps, args.episodes, args.repeats, None)
     )
     if args.small:
         workloads = ("longtail",)
@@ -374,6 +403,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.small,
             arms,
             args.heldout,
+            heldout_arms,
+            args.scheduler,
         )
     render(results)
     write_results(results, args.json)

@@ -78,14 +78,15 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float]:
     for arm, fns in keys.items():
         if arm in arms:
             out |= {k: fn() for k, fn in fns.items()}
-    if "heldout_team_reward" in base:
+    if "heldout_team_reward" in base:  # over the arms evaluated (`--heldout-arms`)
+        held = [a for a, m in arms.items() if "heldout_team_reward" in m]
         out["baseline_heldout_reward"] = base["heldout_team_reward"]
         out |= {
             f"{arm}_heldout_reward_delta": paired(arm, "heldout_team_reward")
-            for arm in arms
+            for arm in held
             if arm != "baseline"
         }
-        if "sera" in arms and "maxrl" in arms:
+        if "sera" in held and "maxrl" in held:
             out["sera_over_maxrl_heldout_reward_delta"] = paired(
                 "sera", "heldout_team_reward", "maxrl"
             )

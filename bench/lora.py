@@ -45,7 +45,7 @@ from rich.table import Table
 from bench.common import train_run, write_results
 from bench.e2e import steady_state
 from flows.cluster.start import ClusterConfig, dask_cluster, prefect_api
-from flows.report.weights import model_parameters
+from flows.report.memory import model_parameters
 from workloads import BUILTIN
 
 ARMS = ("full", "lora")

@@ -61,7 +61,7 @@ ARM_LABELS = {
     "ours-colocated": f"ours, one colocated worker, {COLOCATED.threads} threads",
     "ours-async-1": "ours on the default cluster in async mode, staleness 1 (off-policy)",
     "ours-auto": "flexmarl train with no cluster settings and no backend: the layout and "
-    "the rollout backend it chooses (flows.cluster.layout, flows.runs.backend), a cluster "
+    "the rollout backend it chooses (flows.cluster.layout, flows.runs.engine_choice), a cluster "
     "of its own per run",
     "ours-auto-trainer-grads": "ours-auto with run.rollout_gradients off: every micro-batch "
     "back-propagated on the training worker (what ours-auto did before 2026-12-07)",

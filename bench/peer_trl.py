@@ -21,7 +21,7 @@ the median wall time of steps ≥ 1 (step 0 loads models and warms caches) on bo
 
 `ours-auto` (always) is `flexmarl train` with no cluster settings and no `backend:` in its
 MEG, on a cluster of its own per run: the layout and the rollout backend a user gets
-(`flows.cluster.layout`, `flows.runs.backend`); `trl_over_ours_default` (largest
+(`flows.cluster.layout`, `flows.runs.engine_choice`); `trl_over_ours_default` (largest
 size) and `trl_over_ours_small` (smallest) are TRL over it. `--auto-cores 4` adds
 `ours-auto-c4`, the same planned for 4 cores (`--cores 4`).
 

@@ -1,6 +1,6 @@
 """bfloat16 learns like float32: the same built-in workload, seed and cluster, trained once
 with every agent in float32 and once in bfloat16 (float32 masters, bf16 compute, bf16
-rollout weights: engines/training/config.py), reward curves side by side.
+rollout weights: engines/training/train_config.py), reward curves side by side.
 
     python -m bench.precision --json bench/results/precision.json --png bench/results/precision.png
 

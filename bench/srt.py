@@ -1,7 +1,7 @@
 """Speculative rollout (SRT) at the engine: the hf backend's plain decode loop against the
 speculative one, on the long-tail workload's prompts, side by side in one run.
 
-    python -m bench.srt [--small] [--episodes N] [--repeats R] [--json PATH]
+    python -m bench.srt [--small] [--model DIR] [--episodes N] [--repeats R] [--json PATH]
 
 The model is warm-started on `longtail` (what a run trains from). Each repeat samples the
 same prompts (n = 4, temperature 1, 96 tokens, a new seed per repeat) through:
@@ -78,8 +78,11 @@ def one(hf: HFBackend, arm: str, prompts: list[list[int]], seed: int) -> dict[st
     }
 
 
-def run(episodes: int, repeats: int, work: Path, warm_steps: int | None) -> dict[str, Any]:
-    model = build_model("longtail", work, warm_steps)
+def run(
+    episodes: int, repeats: int, work: Path, warm_steps: int | None, model: str | None = None
+) -> dict[str, Any]:
+    """Every arm `repeats` times on `model` (None: a longtail model warm-started here)."""
+    model = model or build_model("longtail", work, warm_steps)
     prompts = longtail_prompts(model, episodes)
     hf = make_backend("hf", model)
     assert isinstance(hf, HFBackend)
@@ -136,13 +139,14 @@ def render(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--small", action="store_true", help="8 prompts, 1 repeat, a 20-step warm start")
+    p.add_argument("--model", help="a longtail model (default: one built warm-started here)")
     p.add_argument("--episodes", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default="bench/results/srt.json")
     args = p.parse_args(argv)
     episodes, repeats, warm = (8, 1, 20) if args.small else (args.episodes, args.repeats, None)
     with tempfile.TemporaryDirectory(prefix="flexmarl-srt-") as tmp:
-        res = run(episodes, repeats, Path(tmp), warm)
+        res = run(episodes, repeats, Path(tmp), warm, args.model)
     render(res)
     write_results(res, args.json)
     return res

@@ -2,6 +2,7 @@
 
     python -m bench.word_problems [--warm-steps N] [--steps S] [--episodes E] [--repeats R]
                                   [--eval-limit N] [--seeds 0,1] [--json PATH]
+                                  [--scheduler ADDRESS]
 
 Defaults: the workload's warm-start preset and the MEG's own run (60 steps × 32 episodes),
 i.e. exactly what `make word-problems` trains.
@@ -12,7 +13,8 @@ the 128 held-out problems, greedily and with the agents' own sampling (`--repeat
 episodes per problem: what RL optimises, with less noise than one greedy answer); train
 the built-in `word-problems` MEG (solver → verifier → reviser, math-verify rewards) on the
 default local cluster; evaluate the trained agents the same two ways. The held-out
-problems are never trained on (the dataset's seeded split).
+problems are never trained on (the dataset's seeded split). `--scheduler` trains on a running
+Dask cluster instead (`flexmarl train --scheduler`: the test suite's session cluster).
 
 Keys per seed: `before` / `after` → `greedy` / `sampled` → `team` (the reviser's reward),
 `agents`; `delta_team` per evaluation; `mean_delta_team` over seeds. Results go to
@@ -76,6 +78,7 @@ class Setup:
     episodes: int | None = None  # None: the MEG's
     eval_limit: int | None = None  # None: every held-out problem
     repeats: int = 4  # sampled episodes per held-out problem
+    scheduler: str | None = None  # None: the cluster `flexmarl train` lays out and starts
 
 
 def run_seed(seed: int, setup: Setup, work: Path) -> dict[str, Any]:
@@ -98,6 +101,7 @@ def run_seed(seed: int, setup: Setup, work: Path) -> dict[str, Any]:
     run_dir = work / f"run-{seed}"
     summary = work / f"summary-{seed}.json"
     train = ["train", str(cfg), "--run-dir", str(run_dir), "--summary-json", str(summary)]
+    train += [] if setup.scheduler is None else ["--scheduler", setup.scheduler]
     if cli(train) != 0:
         raise SystemExit(f"training seed {seed} failed")
     after = both(checkpoint=str(run_dir))
@@ -169,10 +173,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=4, help="sampled episodes per problem")
     p.add_argument("--seeds", default="0", help="comma-separated model seeds")
     p.add_argument("--json", default="bench/results/word_problems.json")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="train on the running Dask cluster at ADDRESS (default: one the run lays out)",
+    )
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="flexmarl-wp-") as tmp:
-        setup = Setup(args.warm_steps, args.steps, args.episodes, args.eval_limit, args.repeats)
+        setup = Setup(
+            args.warm_steps,
+            args.steps,
+            args.episodes,
+            args.eval_limit,
+            args.repeats,
+            args.scheduler,
+        )
         results = run(seeds, setup, Path(tmp))
     render(results)
     write_results(results, args.json)

@@ -99,14 +99,13 @@ def tool_samples(
     in training); a failed call is a skipped invocation, as in training."""
     views: dict[str, dict[str, dict[str, Any]]] = {eid: {} for eid in tasks}
     for plan in plans:
-        for parent, samples in plan.inputs:
-            for info in samples:
-                shown = done[info.id]
-                views[plan.episode][info.id] = {
-                    "node": parent,
-                    "text": shown.text,
-                    "parents": list(shown.plan.parent_ids()),
-                }
+        for parent, info in plan.input_samples():
+            shown = done[info.id]
+            views[plan.episode][info.id] = {
+                "node": parent,
+                "text": shown.text,
+                "parents": list(shown.plan.parent_ids()),
+            }
     out = []
     for plan, o in zip(plans, call_tool_node(spec, node, plans, tasks, views), strict=True):
         (info,) = plan.child_samples(1)

@@ -31,8 +31,8 @@ from flows.cluster.layout import visible_gpus
 from flows.eval_agentic import Sampled, loop_finals, tool_samples
 from flows.eval_models import EvalError, check_checkpoint, resolve_models
 from flows.eval_params import EvalParams
-from flows.runs.backend import choose_backends
 from flows.runs.config import load_config
+from flows.runs.engine_choice import choose_engines
 from meg import MEGSpec, sinks, topological_order
 from meg.expand import InvocationPlan, SampleInfo, plan_invocations
 from tasks.gating import Shown, is_skipped
@@ -236,7 +236,7 @@ def evaluate(p: EvalParams) -> dict[str, Any]:
     """Greedy rewards per node, per agent and for the team on the chosen split."""
     t0 = time.time()
     check_checkpoint(p.base, p.checkpoint)
-    spec, notes = choose_backends(  # in this process: its own machine
+    spec, notes = choose_engines(  # in this process: its own machine
         load_config(p.config, check_models=p.base), visible_gpus(), own_cluster=True
     )
     for note in notes:

@@ -3,10 +3,10 @@
 
 Where: a cluster the run started on this machine exports on its training worker, before the
 cluster closes. That worker has torch and transformers imported already; the driver does not
-(it never needs them: `tests/flows/test_executors.py`), and importing them there took ~4 s
-of the 4.9 s that fanout's five exports took at the end of every run (2026-12-06, Intel VM).
-A joined cluster's workers may live on other hosts, where the run directory is not: then
-the driver exports, as before."""
+(it never needs them: `tests/flows/test_executors.py`), and importing them there took most
+of the time of the exports at the end of every run (docs/cli.md#what-a-run-writes). A
+joined cluster's workers may live on other hosts, where the run directory is not: then the
+driver exports, as before."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The `train` flow: the product's main job (what `flexmarl train` and deployments run).
 
-prepare   resolve the config, create (or reopen) the run directory and the store
+settle    every setting decided once (flows.runs.settle): resolved, engines, layout, gradients
+prepare   record it: create (or reopen) the run directory, run.json and the store
 cluster   start or join the Dask cluster (one Prefect API server is already up)
 pipeline  compile MEG × steps × micro-batches into tasks and run them (flows.orchestrator.pipeline)
 finalize  audit consistency from the store, summarise, plot, publish artifacts, export
@@ -12,15 +13,15 @@ import json
 import re
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, create_model
+from pydantic.json_schema import SkipJsonSchema
 
 from flows.cluster.bootstrap import refuse_while_spawning
-from flows.cluster.layout import for_meg, visible_gpus
 from flows.cluster.lease import cluster_lease
 from flows.cluster.reach import check_reachable
 from flows.cluster.start import ClusterConfig, Workers, dask_cluster
@@ -28,60 +29,50 @@ from flows.export import export_final
 from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
 from flows.orchestrator.futures import WatchUnit
 from flows.orchestrator.pipeline import Pipeline
-from flows.orchestrator.planning import scoring_plan
-from flows.orchestrator.rollout_grads import on_problem
-from flows.orchestrator.watch import UNIT_SECONDS, watch_steps
+from flows.orchestrator.step_tasks import UNIT_SECONDS, watch_steps
 from flows.report.artifacts import publish, reward_curve, timeline
 from flows.report.logs import orchestrator_logs
 from flows.report.metrics import reward_gain, summary, timings
 from flows.report.progress import Progress
 from flows.report.tracking import active, fan_out, tracking
-from flows.runs.backend import choose_backends
-from flows.runs.config import load_config
-from flows.runs.gradients import decide_gradients
-from flows.runs.record import (
-    Run,
-    RunError,
-    already_a_run,
-    default_store,
-    load_run,
-    resume_point,
-)
-from flows.runs.resolve import RUN_FIELDS, continued, resolve
-from meg.limits import MAX_SEED, MAX_STEP_SAMPLES, MAX_WINDOW
+from flows.runs.record import Run, already_a_run, load_run, resume_point
+from flows.runs.resolve import override_fields
+from flows.runs.settle import Settled, settle
 from meg.render import mermaid
-from meg.sizes import step_samples_problem
 from storage.audit import audit_consistency
 from storage.store import MEGStore
-from tasks.context import RunContext
 from workloads import BUILTIN, plugins
 
 
-class TrainParams(BaseModel):
-    """Parameters of a training run. The run settings (`mode` ... `rollout_gradients`) left
-    unset come from the MEG's `run:` section; `plan` merges them once (flows.runs.resolve)."""
-
+class _Workload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     config: str = Field(
         "math-chain",
         description=f"MEG YAML file or built-in workload ({', '.join(BUILTIN)})",
     )
-    mode: Literal["sync", "flex", "async"] | None = Field(
-        None, description="sync (barrier per step), flex (zero staleness), async (η steps)"
+
+
+# The run settings a flag overrides (`mode` ... `keep_checkpoints`: `flows.runs.resolve.
+# OVERRIDABLE`), generated from `RunSpec`: their types, bounds and help are declared there
+# only. A type checker does not see them: typed code reads them with
+# `flows.runs.settle.overrides` and passes them as keywords from a mapping.
+if TYPE_CHECKING:
+
+    class _WithRunSettings(_Workload):
+        """What a type checker sees (no run settings)."""
+
+else:
+    _WithRunSettings = create_model(
+        "_WithRunSettings", __base__=_Workload, __module__=__name__, **override_fields()
     )
-    staleness: int | None = Field(
-        None, ge=0, description="η of async mode: rows may come from versions >= k - η"
-    )
-    steps: int | None = Field(None, ge=1, description="optimizer steps per agent")
-    episodes_per_step: int | None = Field(
-        None, ge=1, le=MAX_STEP_SAMPLES, description="episodes of one step"
-    )
-    micro_batches: int | None = Field(None, ge=1, description="micro-batches of one step")
-    window: int | None = Field(
-        None, ge=1, le=MAX_WINDOW, description="steps in flight at once (default 2)"
-    )
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="seed of data order and sampling")
+
+
+class TrainParams(_WithRunSettings):
+    """Parameters of a training run. The run settings (`mode` ... `keep_checkpoints`, fields
+    generated from `RunSpec`) left unset come from the MEG's `run:` section; `check` settles
+    them once (`flows.runs.settle`)."""
+
     run_dir: str | None = Field(None, description="run directory (default runs/<name>-<time>)")
     store: str | None = Field(
         None, description="fsspec URL of the MEG Store (default <run_dir>/store)"
@@ -91,30 +82,11 @@ class TrainParams(BaseModel):
         description="run directory of a killed run to continue (with --steps N: a finished "
         "run, to N steps)",
     )
-    balance: bool | None = Field(
-        None, description="hierarchical rollout load balancing (else a static equal split)"
-    )
-    elastic: bool | None = Field(
-        None,
-        description="move agents' training between workers from measured load (default off)",
-    )
-    rollout_gradients: Literal["auto", "on", "off"] | None = Field(
-        None, description="back-propagate micro-batches on the rollout workers (default auto)"
-    )
     executor: Literal["hybrid", "prefect", "dask"] = Field(
         "hybrid",
         description="hybrid: plain Dask futures per node, a Prefect task run per step (per "
         "second of steps when they are shorter); "
         "prefect: a Prefect task run per node and micro-batch; dask: no Prefect tasks",
-    )
-    checkpoint_every: int | None = Field(
-        None,
-        ge=1,
-        description="optimizer steps between checkpoints (default: every step; a one-agent run "
-        "every 10)",
-    )
-    keep_checkpoints: int | None = Field(
-        None, ge=1, description="newest checkpoints kept per agent (default 2)"
     )
     cluster: ClusterConfig = ClusterConfig()
     summary_json: str | None = Field(None, description="also write the summary JSON here")
@@ -126,89 +98,29 @@ class TrainParams(BaseModel):
     )
 
 
-# TrainParams fields that override the MEG's `run:` settings (flows.runs.resolve).
-RUN_OVERRIDES = tuple(f for f in TrainParams.model_fields if f in RUN_FIELDS)
-_CHECKED: dict[str, Run] = {}  # params JSON → the run `check` planned, for `prepare`
+def check(p: TrainParams) -> Settled:
+    """Everything a user can get wrong, checked before any server or cluster starts, and
+    everything the run decides, decided (`flows.runs.settle`): what `prepare` (or
+    `train(p, settled)`) starts from. Nothing is written."""
+    return settle(p)
 
 
-def overrides(p: TrainParams) -> dict[str, object]:
-    """The run settings `p` gives (None: not given, the MEG's value stands)."""
-    return {f: getattr(p, f) for f in RUN_OVERRIDES}
-
-
-def plan(p: TrainParams) -> Run:
-    """The new run `p` asks for, resolved and checked, nothing written yet: its directory,
-    and its context whose spec holds the run settings after the command line's overrides."""
-    spec = load_config(p.config)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(p.run_dir or f"runs/{spec.name}-{stamp}").resolve()
-    already_a_run(run_dir)
-    try:
-        spec, sources = resolve(spec, overrides(p))
-        scoring_plan(spec)  # a reward's declared reads must name nodes of the graph
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    if problem := on_problem(spec):
-        raise RunError(problem)
-    if problem := step_samples_problem(spec, spec.run.episodes_per_step):
-        given = sources["episodes_per_step"] == "cli"
-        raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
-    chosen = {f"agents.{a}.backend": "auto" for a, s in spec.agents.items() if s.backend == "auto"}
-    spec, notes = choose_backends(spec, visible_gpus(), own_cluster=not p.cluster.scheduler)
-    ctx = RunContext(
-        run_id=f"{spec.name}-{stamp}",
-        store_url=p.store or default_store(run_dir),
-        spec=spec,
-        train_slots=p.cluster.train_slots,
-        rollout_gpu_share=p.cluster.rollout_gpu_share,
-    )
-    return Run(run_dir, ctx, {**sources, **chosen}, notes=tuple(notes))
-
-
-def resumed(p: TrainParams, run: Run) -> Run:
-    """`run` (the one `p.resume` names), with its steps raised if `p` asks (`continued`);
-    the MEG file is compared only when given explicitly. `run` itself if nothing changes."""
-    meg = load_config(p.config) if "config" in p.model_fields_set else None
-    try:
-        spec = continued(run.ctx.spec, overrides(p), meg)
-    except ValueError as e:
-        raise RunError(str(e)) from None
-    if spec is run.ctx.spec:
+def prepare(p: TrainParams, settled: Settled | None = None) -> Run:
+    """Phase 1: the settled run (`check(p)`'s, or settled now) recorded in its directory:
+    a new run's run.json, its graph and its store; or the resume point of an existing run
+    (its run.json rewritten only when it changed). The one write of run.json."""
+    settled = settled or settle(p)
+    run = settled.run
+    if settled.record == "new":
+        already_a_run(run.dir)  # taken since `check`?
+        run.save()
+        (run.dir / "meg.mmd").write_text(mermaid(run.ctx.spec))
+        ctx = run.ctx
+        MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
         return run
-    return replace(run, ctx=replace(run.ctx, spec=spec), sources={**run.sources, "steps": "cli"})
-
-
-def check(p: TrainParams) -> Run:
-    """Everything a user can get wrong, checked before any server or cluster starts: the run
-    `train(p)` will start (a new run's plan, kept for `prepare`; or the run to resume)."""
-    if p.resume:
-        return resumed(p, load_run(Path(p.resume)))
-    run = plan(p)
-    _CHECKED.clear()  # one plan is kept: the one the next `prepare` of the same params uses
-    _CHECKED[p.model_dump_json()] = run
-    return run
-
-
-def prepare(p: TrainParams) -> Run:
-    """Phase 1: a new run written to its directory (the plan `check` made, or a fresh one),
-    or the resume point of an existing run."""
-    if p.resume:
-        recorded = load_run(Path(p.resume))
-        run = resumed(p, recorded)
-        if run is not recorded:
-            run.save()  # continued to more steps: the record says so from now on
-        return resume_point(run)
-    key = p.model_dump_json()
-    if key in _CHECKED:  # planned by `check`: the directory may have been taken since
-        run = _CHECKED.pop(key)
-        already_a_run(run.dir)
-    else:
-        run = plan(p)
-    run.save()
-    (run.dir / "meg.mmd").write_text(mermaid(run.ctx.spec))
-    ctx = run.ctx
-    MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
-    return run
+    if settled.record == "changed":
+        run.save()  # continued to more steps: the record says so from now on
+    return resume_point(run)
 
 
 def run_pipeline(
@@ -217,7 +129,7 @@ def run_pipeline(
     """Phase 3: the training loop over steps, as a bounded window of compiled steps.
 
     `watch`: Prefect task runs over the steps' futures, one a step or, for steps shorter
-    than a second, one per second of steps (`flows.orchestrator.watch.watch_steps`)."""
+    than a second, one per second of steps (`flows.orchestrator.step_tasks.watch_steps`)."""
     steps = run.ctx.steps
     agents = [
         a for a in run.ctx.spec.agents if any(n.agent == a for n in run.ctx.spec.nodes.values())
@@ -266,7 +178,7 @@ def pipeline_flow(
     """The compiled task graph. `per_node`: every generate/score/train/step is a Prefect task
     run (this flow then runs on a DaskTaskRunner); otherwise the nodes are plain Dask futures
     and one Prefect task run per step (per second of steps, when they are shorter) covers
-    them (`flows.orchestrator.watch`)."""
+    them (`flows.orchestrator.step_tasks`)."""
     run = resume_point(load_run(Path(run_dir)))
     workers = Workers(scheduler, tuple(rollout), tuple(train), pins)
     if per_node:
@@ -352,16 +264,21 @@ def finalize(
     return out
 
 
+# `train`'s second parameter: a run `check` settled (`flexmarl train` passes it on); hidden
+# from a deployment's form and not validated again (a deployment leaves it None)
+Checked = Annotated[Settled | None, SkipValidation, SkipJsonSchema()]
+
+
 @flow(name="flexmarl-train", log_prints=True)
-def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
-    """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode."""
+def train(params: TrainParams = TrainParams(), settled: Checked = None) -> dict[str, Any]:  # noqa: B008
+    """Train the agents of a MEG with RL: sync, flex (default) or async(η) mode. `settled`:
+    what `check(params)` returned (None: settled here)."""
     refuse_while_spawning("flexmarl train")  # a script without the main guard, re-imported
-    run = prepare(params)
-    for note in run.notes:
+    settled = settled or settle(params)
+    for note in settled.notes:  # what was chosen for the user, in the flow run's log
         print(note)
-    cluster = layout(run, params.cluster)
-    run = decide_gradients(run, cluster)
-    with run_tracking(run, cluster) as track:  # run.tracking: opened before the cluster
+    run, cluster = prepare(params, settled), settled.cluster
+    with run_tracking(run, settled) as track:  # run.tracking: opened before the cluster
         with dask_cluster(cluster) as workers, ExitStack() as held:
             if cluster.scheduler:  # a cluster this run did not start: shared, other hosts
                 held.enter_context(cluster_lease(workers.address, run.ctx.run_id, str(run.dir)))
@@ -379,23 +296,14 @@ def train(params: TrainParams = TrainParams()) -> dict[str, Any]:  # noqa: B008
     return out
 
 
-def layout(run: Run, given: ClusterConfig) -> ClusterConfig:
-    """The cluster the run starts (`flows.cluster.layout.for_meg`), its line in the flow
-    run's log when it chose."""
-    cluster, line = for_meg(run.ctx.spec, given)
-    if line:
-        print(line)
-    return cluster
-
-
-def run_tracking(run: Run, cluster: ClusterConfig) -> Any:
+def run_tracking(run: Run, settled: Settled) -> Any:
     """The run's trackers (`run.tracking`), with the resolved MEG, the settings' sources and
     the cluster as their parameters (docs/tracking.md)."""
     ctx = run.ctx
     config = {
         "meg": ctx.spec.model_dump(mode="json"),
         "sources": run.sources,
-        "cluster": cluster.model_dump(mode="json"),
+        "cluster": settled.cluster.model_dump(mode="json"),
     }
     agents = len({n.agent for n in ctx.spec.nodes.values()})
     return tracking(ctx.spec.run.tracking, run.dir, ctx.run_id, ctx.spec.name, agents, config)

@@ -156,7 +156,7 @@ class AgentSpec(Frozen):
     backend: Literal["auto", "vllm", "hf"] = Field(
         "auto",
         description="Rollout engine. `auto`: chosen when the run starts (hf for a small "
-        "model on short prompts on a CPU, else vllm: flows.runs.backend).",
+        "model on short prompts on a CPU, else vllm: flows.runs.engine_choice).",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Precision of the trainer and of the rollout engine."

@@ -51,22 +51,6 @@ def check_agentic(spec: MEGSpec, fail: Fail, known_tools: Registry[Any] | None) 
                 raise fail(str(e), f"{where}.when.{i}.fn") from None
             if problem:
                 raise fail(problem, f"{where}.when.{i}.params")
-    agentic = [n for n, node in spec.nodes.items() if node.is_tool or node.when]
-    if agentic and spec.run.rollout.carries:
-        raise fail(
-            "the april rollout policy carries cut episodes into the next step, and this MEG "
-            f"has tool or conditional nodes ({', '.join(agentic[:3])}), whose skipped rounds "
-            "april does not carry yet; use another rollout policy",
-            "run.rollout",
-        )
-    looped = [n for n, node in spec.nodes.items() if node.turn is not None]
-    if looped and spec.run.select.merges_groups:
-        raise fail(
-            "the sera selection policy merges the groups of the root nodes across episodes, "
-            "and a loop's turn credit groups its rollouts by the root invocation; use "
-            "`select: {policy: all}` with loops",
-            "run.select",
-        )
 
 
 def known_conditions() -> list[str]:

@@ -11,7 +11,7 @@ aggregator under planner sample 3 sees the workers' samples of planner sample 3 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from meg.fanout import PER_SAMPLE, aggregate
@@ -36,7 +36,13 @@ class InvocationPlan:
         return tuple(f"{self.group_id}/{s}" for s in range(n))
 
     def parent_ids(self) -> tuple[str, ...]:
-        return tuple(s.id for _, samples in self.inputs for s in samples)
+        return tuple(s.id for _, s in self.input_samples())
+
+    def input_samples(self) -> Iterator[tuple[str, SampleInfo]]:
+        """(parent node, sample) of every input sample, in input order."""
+        for parent, samples in self.inputs:
+            for s in samples:
+                yield parent, s
 
     def child_samples(self, n: int, scores: Sequence[float] | None = None) -> list[SampleInfo]:
         """The SampleInfo of this invocation's own `n` samples (for downstream planning)."""

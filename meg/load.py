@@ -85,14 +85,8 @@ def is_url(model: str) -> bool:
     return "://" in model and not model.startswith(("file://", HUB_PREFIX))
 
 
-def drafted_agents(spec: MEGSpec) -> set[str]:
-    """The agents speculative rollout drafts for: those of a node longer than a draft
-    (`RolloutPolicy.speculation`); only the `hf` backend does it."""
-    return {
-        n.agent
-        for k, n in spec.nodes.items()
-        if n.agent and spec.run.rollout.speculation(spec.node_max_tokens(k)) is not None
-    }
+# (spec, the reward registry or None) → [(field, problem)]: `policies.problems`
+PolicyProblems = Callable[[MEGSpec, Any], list[tuple[str, str]]]
 
 
 def validate(
@@ -102,11 +96,13 @@ def validate(
     known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
     known_tools: Registry[Any] | None = None,
+    policy_problems: PolicyProblems | None = None,
     check_models: bool = True,
 ) -> MEGSpec:
     """Cross-field rules. `known_rewards=None` skips the reward-name check; `known_losses`
     maps a `LossSpec` field (`advantage`, `policy_loss`, ...) to its registered names;
-    `known_tools=None` skips the tool-name check."""
+    `known_tools=None` skips the tool-name check; `policy_problems` (`policies.problems`)
+    gives what the run's rollout and selection policies find wrong, None skips them."""
 
     def fail(msg: str, field: str) -> MEGError:
         return MEGError(msg, source=source, field=field)
@@ -190,36 +186,10 @@ def validate(
             raise fail(f"unknown node {node_name!r}", "team_nodes")
     check_agents(spec, fail, known_losses or {})
     check_agentic(spec, fail, known_tools)
-    problem = april_problem(spec)
-    if problem:
-        raise fail(problem, "run.rollout")
-    if spec.run.rollout.verifies and isinstance(known_rewards, Registry):
-        checked = [n for n, r in spec.rewards.items() if known_rewards.meta(r.fn).get("decided")]
-        if not checked:
-            able = [n for n in known_rewards.names() if known_rewards.meta(n).get("decided")]
-            raise fail(
-                "the rollverify rollout policy stops samples whose reward is already decided, "
-                "and no node's reward can judge a prefix; rewards that can: "
-                f"{', '.join(able) or 'none'} (a plug-in declares one with "
-                "`register_reward(..., decided=fn)`)",
-                "run.rollout",
-            )
-    on_vllm = sorted(a for a in drafted_agents(spec) if spec.agents[a].backend == "vllm")
-    if on_vllm:  # the agents srt drafts for (`RolloutPolicy.speculation`)
-        raise fail(
-            "the srt rollout policy drafts and verifies on the hf backend; set "
-            f"`backend: hf` (or leave `backend` out) for {', '.join(on_vllm)}",
-            "run.rollout",
-        )
-    if spec.run.select.merges_groups:
-        roots = [n for n, node in spec.nodes.items() if not node.inputs]
-        if not any(n in spec.rewards for n in roots):
-            raise fail(
-                "the sera selection policy sizes the groups of the nodes that see the task "
-                f"alone ({', '.join(roots)}) from their rewards, and none has a reward: bind "
-                "one under `rewards:`",
-                "run.select",
-            )
+    if policy_problems is not None:  # the rollout and selection policies' own rules
+        rewards = known_rewards if isinstance(known_rewards, Registry) else None
+        for where, problem in policy_problems(spec, rewards):
+            raise fail(problem, where)
     ds = spec.dataset
     if (ds.generator is None) == (ds.url is None):
         raise fail("set exactly one of `generator` (synthetic) or `url` (JSONL/Parquet)", "dataset")
@@ -239,24 +209,6 @@ def validate(
                         f"agents.{name}.{fld}",
                     )
     return spec
-
-
-def april_problem(spec: MEGSpec) -> str | None:
-    """Why APRIL cannot cut this MEG's episodes (None: it can, or it is not used).
-
-    An episode is cut at its root node: only there is nothing of it committed or scored yet
-    (a sibling scored by its own reward would be trained twice if the episode were carried).
-    So the graph needs exactly one node without inputs."""
-    if not spec.run.rollout.carries:
-        return None
-    roots = [n for n, node in spec.nodes.items() if not node.inputs]
-    if len(roots) != 1:
-        return (
-            f"the april rollout policy cuts episodes at the MEG's root node, and this graph has "
-            f"{len(roots)} nodes without inputs ({', '.join(roots)}); use `policy: full`, or "
-            "give the graph a single entry node"
-        )
-    return None
 
 
 def check_agents(
@@ -287,6 +239,7 @@ def load_meg(
     known_rewards: Collection[str] | Registry[Any] | None = None,
     known_losses: Mapping[str, Collection[str]] | None = None,
     known_tools: Registry[Any] | None = None,
+    policy_problems: PolicyProblems | None = None,
     check_models: bool = True,
     prepare: Callable[[MEGSpec, Path], MEGSpec] | None = None,
 ) -> MEGSpec:
@@ -309,5 +262,6 @@ def load_meg(
         known_rewards=known_rewards,
         known_losses=known_losses,
         known_tools=known_tools,
+        policy_problems=policy_problems,
         check_models=check_models,
     )

@@ -6,11 +6,13 @@ Both are chosen per MEG, under `run:` (`rollout: {policy: april, ...}`,
 cannot consume a parent sample that is not finished, so a step can only be cut, or a prompt
 skipped, one whole episode at a time.
 
-The `policy` key is the registry: pydantic picks the model by that tag (a discriminated
-union), so a missing or unknown name, or a parameter of another policy, is a validation
-error naming the field and the known policies. The behaviour lives next to each model as
-small pure methods; the orchestrator and the generate task call those methods, never
-`if policy == ...`.
+The `policy` key is the tag: pydantic picks the model by it (a discriminated union), so a
+missing or unknown name, or a parameter of another policy, is a validation error naming the
+field and the known policies. The models are data only (their fields, bounds and help),
+here at the ground floor so that every layer can read a run's settings; what each policy
+*does* is its module in the `policies` package, found by the same tag. `carry_limit` stays
+on the model: it is a setting the consistency rule reads (the store's audit too), like the
+async staleness.
 
 - `full` (default): every planned episode runs to completion.
 - `april` (Active Partial Rollouts): a step launches `over_provision` more episodes than it
@@ -48,7 +50,6 @@ small pure methods; the orchestrator and the generate task call those methods, n
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 from typing import Annotated, Any, Literal, get_args
@@ -74,26 +75,6 @@ class FullRollout(_Policy):
         """Steps a sample may be carried (the widening of the consistency rule)."""
         return 0
 
-    def launched(self, quota: int) -> int:
-        return quota
-
-    def quota(self, launched: int) -> int:
-        return launched
-
-    @property
-    def verifies(self) -> bool:
-        """Running samples are checked against their reward's prefix verdict (rollverify)."""
-        return False
-
-    def samples(self, n: int) -> int:
-        """Responses a group of `n` samples (the node's `n`) launches (darts: more)."""
-        return n
-
-    def speculation(self, max_tokens: int) -> tuple[int, int, int] | None:
-        """(draft, match, history) of a speculative rollout (srt) for a node of `max_tokens`,
-        None to decode it plainly."""
-        return None
-
 
 class AprilRollout(FullRollout):
     """Over-provision episodes, train on the first `quota` that complete, carry the rest."""
@@ -114,22 +95,6 @@ class AprilRollout(FullRollout):
     def carry_limit(self) -> int:
         return self.max_carry
 
-    def launched(self, quota: int) -> int:
-        """Episodes a micro-batch that trains `quota` of them launches."""
-        return quota + math.ceil(quota * self.over_provision)
-
-    def quota(self, launched: int) -> int:
-        """Inverse of `launched`: the episodes a micro-batch of `launched` must complete (the
-        largest quota that launches no more than `launched`, at least 1)."""
-        if launched <= 0:
-            return 0
-        q = math.floor(launched / (1.0 + self.over_provision))
-        while self.launched(q + 1) <= launched:  # `launched` rounds up: search the exact
-            q += 1
-        while q > 0 and self.launched(q) > launched:
-            q -= 1
-        return max(1, q)
-
 
 class RollVerify(FullRollout):
     """Stop a sample once its reward is decided, score it as it stands."""
@@ -139,10 +104,6 @@ class RollVerify(FullRollout):
         4, ge=1, le=256, description="Tokens between two checks of a running sample."
     )
 
-    @property
-    def verifies(self) -> bool:
-        return True
-
 
 class DartsRollout(FullRollout):
     """Over-sample each group, keep the first `n` responses to finish (the shortest)."""
@@ -151,9 +112,6 @@ class DartsRollout(FullRollout):
     over_sample: float = Field(
         0.5, gt=0.0, le=4.0, description="Extra responses per group, as a fraction of `n`."
     )
-
-    def samples(self, n: int) -> int:
-        return n + math.ceil(n * self.over_sample)
 
 
 class SpeculativeRollout(FullRollout):
@@ -169,34 +127,11 @@ class SpeculativeRollout(FullRollout):
         16, ge=0, le=256, description="Earlier completions of each prompt kept to draft from."
     )
 
-    def speculation(self, max_tokens: int) -> tuple[int, int, int] | None:
-        if max_tokens <= self.draft:
-            return None  # a few-token node (a verdict) has nothing to draft
-        return (self.draft, self.match, self.history)
-
 
 class AllPrompts(_Policy):
     """Roll out every planned prompt (the baseline)."""
 
     policy: Literal["all"] = "all"
-
-    @property
-    def needs_history(self) -> bool:
-        return False
-
-    def rollout_probability(self, streak: int) -> float:
-        return 1.0
-
-    @property
-    def merges_groups(self) -> bool:
-        """Whether a root node's groups of one prompt's episodes in one step are one
-        advantage group (SERA gives a prompt several episodes)."""
-        return False
-
-    @property
-    def mean_episodes(self) -> int:
-        """Episodes a prompt gets on average in a micro-batch."""
-        return 1
 
 
 class GresoSelect(AllPrompts):
@@ -217,13 +152,6 @@ class GresoSelect(AllPrompts):
         4, ge=1, le=64, description="Most recent episodes of a prompt that are looked at."
     )
 
-    @property
-    def needs_history(self) -> bool:
-        return True
-
-    def rollout_probability(self, streak: int) -> float:
-        return max(self.floor, self.explore ** min(streak, self.history))
-
 
 class BanditSelect(AllPrompts):
     """A contextual bandit over prompts (LinUCB) that re-spends a step's rollouts on the
@@ -241,10 +169,6 @@ class BanditSelect(AllPrompts):
         "in place of planned ones, as a fraction.",
     )
     ridge: float = Field(1.0, gt=0.0, description="λ of the ridge regression behind the UCB.")
-
-    @property
-    def needs_history(self) -> bool:
-        return True
 
 
 class SeraSelect(AllPrompts):
@@ -289,18 +213,6 @@ class SeraSelect(AllPrompts):
                 "the prompts of a micro-batch could not take its episodes"
             )
         return self
-
-    @property
-    def needs_history(self) -> bool:
-        return True
-
-    @property
-    def merges_groups(self) -> bool:
-        return True
-
-    @property
-    def mean_episodes(self) -> int:
-        return self.base
 
 
 def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:

@@ -43,14 +43,26 @@ class ScoringSpec(Frozen):
 class RunSpec(Frozen):
     """A run's settings. In a MEG file they are defaults; `flexmarl train` flags override
     them, and the run's resolved copy (`MEGSpec.run` of the spec in `run.json`) is the only
-    place the pipeline, the tasks and a resume read them from (`flows.runs.config.resolve`).
+        place the pipeline, the tasks and a resume read them from (`flows.runs.resolve`). The
+    `flexmarl train` flags that override them are generated from these fields
+    (`flows.runs.resolve.override_fields`): type, bounds and description are declared here only.
     """
 
-    steps: int = Field(10, ge=1)
-    episodes_per_step: int = Field(8, ge=1, le=MAX_STEP_SAMPLES)
-    micro_batches: int = Field(2, ge=1)
-    mode: Literal["sync", "flex", "async"] = "flex"
-    staleness: int = Field(0, ge=0)
+    steps: int = Field(10, ge=1, description="Optimizer steps per agent.")
+    episodes_per_step: int = Field(
+        8, ge=1, le=MAX_STEP_SAMPLES, description="Episodes (prompts of the task) of one step."
+    )
+    micro_batches: int = Field(
+        2, ge=1, description="Micro-batches of one step, each at least one whole episode."
+    )
+    mode: Literal["sync", "flex", "async"] = Field(
+        "flex",
+        description="`sync`: a barrier per step; `flex`: zero staleness, without the barrier; "
+        "`async`: rows may come from `staleness` policy versions back.",
+    )
+    staleness: int = Field(
+        0, ge=0, description="η of async mode: step k may train on rows of versions >= k - η."
+    )
     window: int = Field(
         2, ge=1, le=MAX_WINDOW, description="Steps compiled ahead into the task graph."
     )
@@ -63,7 +75,7 @@ class RunSpec(Frozen):
     keep_checkpoints: int = Field(
         2, ge=1, description="Newest checkpoints kept per agent; older ones are deleted."
     )
-    seed: int = Field(0, ge=0, le=MAX_SEED)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of data order and sampling.")
     rollout: RolloutPolicy = Field(
         FullRollout(),
         description="How a step's episodes are launched and cut: `full` (default) or `april` "

@@ -100,8 +100,7 @@ def _older_columns(stored: list[str], cols: tuple[str, ...]) -> bool:
 def _zarr_dtype(dtype: np.dtype[Any] | type[str]) -> ZDType[Any, Any]:
     """Zarr's data type for a column's numpy dtype (`str`: variable-length UTF-8), looked up
     once: zarr matches a numpy dtype against every registered type on each `create_array`.
-    The same files, byte for byte; encoding a 16-row segment took 4.45 ms against 5.35 ms
-    (median of 100 interleaved, 2026-12-06, Intel VM)."""
+    The same files, byte for byte, encoded faster (docs/store.md#benchmark)."""
     return parse_data_type(dtype, zarr_format=3)
 
 

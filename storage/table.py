@@ -121,19 +121,19 @@ class Table:
     def __init__(self, store: StoreHandle, agent: str) -> None:
         self.store = store
         self.agent = agent
-        self.b = store.backend
+        self.backend = store.backend
         self._infos: dict[str, SegmentInfo] = {}  # committed markers are immutable: cache
         self.last_marker_s = 0.0
         path = self._p("table.json")
         try:
-            manifest = read_json(self.b, path, "table manifest")
+            manifest = read_json(self.backend, path, "table manifest")
         except FileNotFoundError:
-            self.b.put_if_absent(path, new_manifest(TABLE_FORMAT, agent=agent))
-            manifest = read_json(self.b, path, "table manifest")
-        check_manifest(self.b, path, manifest, TABLE_FORMAT)
+            self.backend.put_if_absent(path, new_manifest(TABLE_FORMAT, agent=agent))
+            manifest = read_json(self.backend, path, "table manifest")
+        check_manifest(self.backend, path, manifest, TABLE_FORMAT)
 
     def _p(self, *parts: str) -> str:
-        return self.b.join(self.store.run_id, self.agent, *parts)
+        return self.backend.join(self.store.run_id, self.agent, *parts)
 
     def ref(self, info: SegmentInfo) -> SegmentRef:
         s = self.store
@@ -207,35 +207,35 @@ class Table:
         attrs = {"segment_id": sid, "attempt": attempt, "kind": kind}
         files = seg.encode(columns, kind, attrs)
         try:
-            self.b.put_files(folder, files)  # all data, then the marker
+            self.backend.put_files(folder, files)  # all data, then the marker
         except StoreUnavailableError:
             raise  # the server is away: its stalled requests may still land, nothing to undo
         except Exception:
             with suppress(OSError, StoreError):  # best effort: never hide the real error
-                self.b.rm_tree(folder)  # e.g. a full disk: give back what the attempt took
+                self.backend.rm_tree(folder)  # e.g. a full disk: give back what the attempt took
             raise
         t0 = time.perf_counter()
         info = SegmentInfo(
             sid, kind, key.step, key.micro_batch, key.node, rows, versions, attempt, time.time()
         )
         try:
-            won = self.b.put_if_absent(self._p("commits", sid + ".json"), marker_bytes(info))
+            won = self.backend.put_if_absent(self._p("commits", sid + ".json"), marker_bytes(info))
         except StoreFullError:
             with suppress(OSError, StoreError):
-                self.b.rm_tree(folder)  # the marker was never linked: nothing is committed
+                self.backend.rm_tree(folder)  # the marker was never linked: nothing is committed
             raise
         self.last_marker_s = time.perf_counter() - t0  # the commit point itself (benchmarks)
         if won:
             self._infos[sid] = info
             return self.ref(info)
-        self.b.rm_tree(folder)  # another attempt committed first: ours is never visible
+        self.backend.rm_tree(folder)  # another attempt committed first: ours is never visible
         return self.ref(self._info(sid))
 
     # -- listing -------------------------------------------------------------------------
     def _info(self, sid: str) -> SegmentInfo:
         info = self._maybe_info(sid)
         if info is None:
-            path = self.b.url_of(self._p("commits", sid + ".json"))
+            path = self.backend.url_of(self._p("commits", sid + ".json"))
             raise StoreError(
                 f"segment {sid} of table {self.agent!r} is missing: not committed "
                 f"(no marker at {path})"
@@ -247,7 +247,7 @@ class Table:
             return self._infos[sid]
         path = self._p("commits", sid + ".json")
         try:
-            info = parse_marker(self.b, path, sid)
+            info = parse_marker(self.backend, path, sid)
         except FileNotFoundError:
             return None
         self._infos[sid] = info
@@ -278,7 +278,7 @@ class Table:
         self.store.check_process()
         out = []
         prefix = "" if step is None else SegmentKey.prefix(step, micro_batch)
-        for name in self.b.listdir(self._p("commits")):
+        for name in self.backend.listdir(self._p("commits")):
             if not name.endswith(".json") or not name.startswith(prefix):
                 continue
             sid = name[: -len(".json")]
@@ -286,7 +286,7 @@ class Table:
                 key, k = parse_segment_id(sid)
             except ValueError:
                 raise StoreError(
-                    f"unexpected file in commits: {self.b.url_of(self._p('commits', name))}"
+                    f"unexpected file in commits: {self.backend.url_of(self._p('commits', name))}"
                 ) from None
             if (
                 k != kind
@@ -361,7 +361,11 @@ class Table:
 
     def _job(self, info: SegmentInfo) -> tuple[Any, str, int]:
         folder = self._p("segments", info.segment_id, info.attempt)
-        return self.b.zarr_store(folder, read_only=True), self.b.url_of(folder), info.rows
+        return (
+            self.backend.zarr_store(folder, read_only=True),
+            self.backend.url_of(folder),
+            info.rows,
+        )
 
     def _join_scores(self, batch: SampleBatch, infos: list[SegmentInfo]) -> SampleBatch:
         if not infos or not len(batch):
@@ -409,24 +413,26 @@ class Table:
             "recorded_at": time.time(),
         }
         path = self._p("consumed", f"{int(step)}.json")
-        if self.b.put_if_absent(path, dumps(record)):
+        if self.backend.put_if_absent(path, dumps(record)):
             return
-        old = read_json(self.b, path, "consumption record")
+        old = read_json(self.backend, path, "consumption record")
         if (old.get("segments"), old.get("versions")) != (record["segments"], record["versions"]):
             raise StoreError(
                 f"step {step} of table {self.agent!r} was already recorded as consuming other "
-                f"segments/versions at {self.b.url_of(path)}; it is left unchanged"
+                f"segments/versions at {self.backend.url_of(path)}; it is left unchanged"
             )
 
     def consumption(self, step: int) -> dict[str, Any] | None:
         try:
-            return read_json(self.b, self._p("consumed", f"{int(step)}.json"), "consumption record")
+            return read_json(
+                self.backend, self._p("consumed", f"{int(step)}.json"), "consumption record"
+            )
         except FileNotFoundError:
             return None
 
     def consumption_log(self) -> dict[int, dict[str, Any]]:
         out = {}
-        for name in self.b.listdir(self._p("consumed")):
+        for name in self.backend.listdir(self._p("consumed")):
             if name.endswith(".json") and name[:-5].isdigit():
                 record = self.consumption(int(name[:-5]))
                 if record is not None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engines.rollout.base import Cut, SamplingParams
-from meg.policies import AprilRollout
 from storage.schema import SampleBatch, SegmentKey
 from tasks.context import RunContext
 from tasks.worker import store_of
@@ -104,20 +104,21 @@ def generate_cut(
     version: int,
     sampling: SamplingParams,
     generate: Any,
+    quota_of: Callable[[int], int],
 ) -> CutResult:
     """Steps 1-3 of the module docstring. `new`: (invocation plan, prompt ids) of the new
     episodes of this micro-batch, in launch order; `sampling`: the node's parameters on the
-    uncut path; `generate(prompts, params, cut)` samples."""
-    policy = ctx.spec.run.rollout
-    assert isinstance(policy, AprilRollout)
+    uncut path; `generate(prompts, params, cut)` samples; `quota_of(launched)`: the episodes
+    a micro-batch that launched as many must complete (the rollout policy's `quota`)."""
     spec = ctx.spec
+    max_carry = spec.run.rollout.carry_limit
     n = spec.nodes[node].n
     max_tokens = spec.node_max_tokens(node)
     old = read_carried(ctx, node, step - 1, mb)
     resumed = list(dict.fromkeys(str(e) for e in old.episode))
     launched = list(dict.fromkeys(plan.episode for plan, _ in new))
     episodes = resumed + launched[: max(0, len(launched) - len(resumed))]
-    quota = min(len(episodes), policy.quota(len(launched))) if episodes else 0
+    quota = min(len(episodes), quota_of(len(launched))) if episodes else 0
     group = {e: g for g, e in enumerate(episodes)}
 
     done: list[dict[str, Any]] = []  # finished before this step: kept as they are
@@ -148,7 +149,7 @@ def generate_cut(
                 "gen_start": t0,
             }
             requests.append(_Request(plan.episode, row))
-    must = frozenset(group[e] for e in episodes if step - birth_step(e) >= policy.max_carry)
+    must = frozenset(group[e] for e in episodes if step - birth_step(e) >= max_carry)
     sampled = {r.episode for r in requests}
     ready = sum(1 for e in episodes if e not in sampled)  # complete, carried whole
     cut = Cut(
@@ -181,9 +182,7 @@ def generate_cut(
     for row in rows:
         row.update(step=step, gen_end=t1)
     incomplete = {row["episode"] for row in rows if row["finish_reason"] == "partial"}
-    trained = trained_episodes(
-        [e for e in episodes if e not in incomplete], quota, step, policy.max_carry
-    )
+    trained = trained_episodes([e for e in episodes if e not in incomplete], quota, step, max_carry)
 
     def batch(pick: bool) -> SampleBatch:
         chosen = [row for row in rows if (row["episode"] in trained) == pick]

@@ -22,9 +22,7 @@ import numpy as np
 from storage.schema import SampleBatch
 from storage.table import SegmentRef
 from tasks.context import Timing
-from workloads.datasets import TaskItem
-
-Episode = tuple[str, TaskItem]  # (episode id, task): what the driver hands a generate task
+from workloads.datasets import Episode as Episode  # the tasks' name for it
 
 
 def episode_id(step: int, index: int) -> str:

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 from prefect import task
 
-from engines.rollout.base import RolloutError, SamplingParams, Speculation
+from engines.rollout.base import RolloutError, SamplingParams
 from engines.rollout.prompts import invocation_prompt
 from engines.training.publish import latest_published, weights_key
 from meg import ScoreGroup
 from meg.expand import InvocationPlan, SampleInfo, expand_episode, plan_invocations
+from policies import rollout_policy
+from policies.base import NodeRequests
 from storage.schema import SampleBatch, SegmentKey
 from storage.state import Host as HostMem
 from storage.table import SegmentRef
@@ -34,7 +36,7 @@ from tasks.grad_parts import gradient_part
 from tasks.refs import Episode, GenRef
 from tasks.scoring import rows_to_hand, score_rows
 from tasks.tool_calls import commit_tool_segment, tool_rows
-from tasks.watch import sample_watched, watch_for
+from tasks.watch import sample_watched
 from tasks.worker import host_of, state_of, store_of, tokenizer_of
 from workloads.rewards import early_check
 
@@ -186,7 +188,6 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
     eos = tokenizer_of(ctx, nspec.agent).eos_token_id
     seed = zlib.crc32(f"{ctx.seed}/{step}/{mb}/{node}".encode())
     max_tokens = spec.node_max_tokens(node)
-    drafting = spec.run.rollout.speculation(max_tokens)
     return SamplingParams(
         n=nspec.n,
         temperature=agent.sampling.temperature,
@@ -194,7 +195,7 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
         max_tokens=max_tokens,
         seed=seed,
         stop_token_ids=(eos,) if eos is not None else (),
-        speculate=Speculation(*drafting) if drafting is not None else None,
+        speculate=rollout_policy(spec).speculation(max_tokens),
     )
 
 
@@ -209,22 +210,19 @@ def sample(
     episodes: tuple[Episode, ...],
 ) -> tuple[list[list[Any]], int]:
     """The node's completions, [invocation][sample], and the tokens generated for responses
-    not kept: as one batch, or under the rollout policy's watch where it stops single
-    samples (`tasks.watch`)."""
-    policy = ctx.spec.run.rollout
-    if not policy.verifies and policy.samples(params.n) == params.n:  # full, april: one batch
-        return host.generate(prompts, params, agent), 0
+    not kept: as one batch, or under the watch the rollout policy samples this node with,
+    which stops single requests (`tasks.watch`)."""
     reward = ctx.spec.rewards.get(node)
     tok = tokenizer_of(ctx, agent)
     items = dict(episodes)
-    chosen = watch_for(
-        policy,
+    requests = NodeRequests(
         params.n,
-        None if reward is None else early_check(reward.fn),
         [items[plan.episode] for plan in plans],
+        None if reward is None else early_check(reward.fn),
         lambda ids: tok.decode(list(ids), skip_special_tokens=True),  # as the score reads it
         getattr(tok, "backend_tokenizer", None),  # fast tokenizers: incremental decoding
     )
+    chosen = rollout_policy(ctx.spec).watch(requests)
     if chosen is None:
         return host.generate(prompts, params, agent), 0
     watch, launched = chosen
@@ -303,6 +301,7 @@ def generate_segment(
             version,
             sampling_for(ctx, node, step, mb),
             lambda p, sp, cut: host.generate(p, sp, agent_name, cut=cut),
+            rollout_policy(spec).quota,
         )
         key = SegmentKey(step, mb, node)
         result = settle(result, table.read_carry(key))  # an earlier attempt's carry wins

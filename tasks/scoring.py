@@ -22,6 +22,7 @@ from prefect import task
 
 from engines.training.advantages import compute_advantages
 from meg import MEGSpec, ScoreGroup, sinks
+from policies import selection_policy
 from storage.schema import SKIPPED, SampleBatch, SegmentKey
 from tasks.context import RunContext, Stopwatch
 from tasks.failures import NodeScores, ScoredRows, apply_failure_rule
@@ -114,7 +115,7 @@ def group_keys(
     """The advantage group of each row: its invocation (`group_id`); under a selection
     policy that gives a prompt several episodes (`sera`), a node without inputs (it sees the
     task alone) groups the rows of one prompt in one step, across its episodes."""
-    if not ctx.spec.run.select.merges_groups or ctx.spec.nodes[node].inputs:
+    if not selection_policy(ctx.spec).merges_groups or ctx.spec.nodes[node].inputs:
         return batch.group_id
     task = {eid: item.id for eid, item in episodes}
     return np.array(
@@ -157,7 +158,7 @@ def advantages_for(
         torch.from_numpy(scored.reward[use]),
         torch.from_numpy(group_index.astype(np.int64)),
     ).numpy()
-    select = ctx.spec.run.select
+    select = selection_policy(ctx.spec)
     if select.merges_groups and not ctx.spec.nodes[node].inputs:  # SERA's correction
         adv[use] *= multiplicity(keys, batch.episode[use], select.mean_episodes)
     return adv

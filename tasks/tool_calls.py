@@ -47,10 +47,9 @@ def _views(
     """What a tool sees of its invocations' inputs: text, node and parents of each sample."""
     out: dict[str, dict[str, Any]] = {}
     for plan in plans:
-        for parent, samples in plan.inputs:
-            tok = tokenizer_of(ctx, ctx.spec.nodes[parent].agent)
-            for s in samples:
-                out[s.id] = sample_view(tok, parent, batches[parent], index[s.id])
+        for parent, s in plan.input_samples():
+            tok = tokenizer_of(ctx, ctx.spec.nodes[parent].agent)  # cached per agent
+            out[s.id] = sample_view(tok, parent, batches[parent], index[s.id])
     return out
 
 

@@ -21,13 +21,26 @@ def _cpu() -> float:
 
 
 _START = pytest.StashKey[float]()
+_TEARDOWN = pytest.StashKey[float]()  # CPU seconds when the last test's teardown began
+SESSION_END = "(session fixtures torn down after {})"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's `--dist loadfile` reorders the files by their number of tests
+    (`--loadscope-reorder`, on by default), which undid the order below: files of many quick
+    tests went first and a long end-to-end file could start last, alone on one worker.
+    Off unless asked for on the command line."""
+    asked = "--loadscope-reorder" in config.invocation_params.args
+    if hasattr(config.option, "loadscopereorder") and not asked:
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Test files with end-to-end (`slow`) tests first, the most of them first; order kept
     within a file. pytest-xdist hands whole files to its workers in this order
-    (`--dist loadfile`), so the long files start at once and the short ones fill the gaps:
-    longest-first packing, which keeps the suite's wall time near its work / 2."""
+    (`--dist loadfile`, its reordering switched off in `pytest_configure`), so the long
+    files start at once and the short ones fill the gaps: longest-first packing, which
+    keeps the suite's wall time near its work / 2."""
     slow: dict[str, int] = {}
     for item in items:
         slow.setdefault(item.nodeid.split("::")[0], 0)
@@ -43,19 +56,34 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:  # the session's fixtures end in this teardown
+        item.stash[_TEARDOWN] = _cpu()
+    yield
+
+
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
     """Each test's CPU seconds, setup and teardown included, ride on its teardown report (to
     the xdist controller too). On 2 cores the suite is CPU-bound: its wall time follows its
-    CPU. A session fixture's processes count where they end (the last test of a worker)."""
+    CPU. A module fixture's processes count where they end (its file's last test); the
+    session fixtures' (Prefect server, Dask cluster: their whole life's CPU, counted when
+    they exit) on a line of their own, not on the last test of the worker."""
     if call.when == "teardown" and _START in item.stash:
-        item.user_properties.append((CPU, round(_cpu() - item.stash[_START], 2)))
+        now = _cpu()
+        began = item.stash.get(_TEARDOWN, now)
+        item.user_properties.append((CPU, round(began - item.stash[_START], 2)))
+        if _TEARDOWN in item.stash:
+            item.user_properties.append((SESSION_END, round(now - began, 2)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown":
-        cpu = dict(report.user_properties).get(CPU)
-        if cpu is not None:
-            _CPU_BY_TEST[report.nodeid] = float(cpu)
+        props: dict[str, Any] = dict(report.user_properties)
+        if props.get(CPU) is not None:
+            _CPU_BY_TEST[report.nodeid] = float(props[CPU])
+        if props.get(SESSION_END) is not None:
+            _CPU_BY_TEST[SESSION_END.format(report.nodeid)] = float(props[SESSION_END])
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

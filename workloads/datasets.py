@@ -31,6 +31,9 @@ class TaskItem:
     answer: str
 
 
+Episode = tuple[str, TaskItem]  # (episode id, task): what the driver hands a generate task
+
+
 @dataclass(frozen=True, slots=True)
 class Splits:
     train: tuple[TaskItem, ...]

@@ -6,7 +6,7 @@ safetensors and the tokenizer a `PreTrainedTokenizerFast`, so the same directory
 `transformers` and in vLLM (the head dim defaults to 64, which vLLM's CPU attention kernels
 accept; odd head dims are not safe there). Other families (Qwen2, Qwen3, GPT-2, Gemma: tied
 embeddings, biases, q/k norm, dropout, a 151,936-row vocabulary) come from the registry in
-`workloads.families`; the default `llama` family is byte-identical to the original model.
+`workloads.family_configs`; the default `llama` family is byte-identical to the original model.
 Every tokenizer carries a small chat template (`CHAT_TEMPLATE`) for `chat:` nodes.
 
 Determinism: for one seed and one corpus the weight file is byte-identical across builds
@@ -103,14 +103,14 @@ def build_tiny_model(
 ) -> Path:
     """Build and save a seeded tiny model of `family` + tokenizer into `out_dir`; return it.
 
-    `family` is one of `workloads.families.FAMILIES` (llama, qwen2, qwen3, gpt2, gemma).
+    `family` is one of `workloads.family_configs.FAMILIES` (llama, qwen2, qwen3, gpt2, gemma).
     `vocab` is the model's embedding size (None: the family's default, 512 for llama/gpt2/
     gemma, 151936 for qwen2/qwen3). The tokenizer is trained to `min(vocab, 512)` tokens; a
     model vocabulary larger than the tokenizer is normal (real Qwen checkpoints have 151,665
     tokens for 151,936 embeddings). Byte-level BPE needs 256 byte tokens + 3 specials, so
     `vocab` must be at least 259.
     """
-    from workloads.families import Sizes, get_family
+    from workloads.family_configs import Sizes, get_family
 
     fam = get_family(family)
     vocab = fam.default_vocab if vocab is None else vocab

@@ -143,7 +143,28 @@ class _StepTasks:
     cold: bool = False  # a task of the step started an engine
 
 
-class HierarchicalBalancer:
+class _HostBook:
+    """What every balancer keeps: the agents, their hosts (the equal split to start from),
+    the tokens outstanding on each host, and the number of times the split changed."""
+
+    def __init__(self, agents: Sequence[str], hosts: Sequence[str]) -> None:
+        self.agents = tuple(agents)
+        self.assignment = equal_split(agents, hosts)
+        self.outstanding = dict.fromkeys(hosts, 0)
+        self.changes = 0
+
+    def hosts_of(self, agent: str) -> tuple[str, ...]:
+        if agent not in self.assignment:
+            raise KeyError(f"unknown agent {agent!r}; known: {', '.join(self.agents)}")
+        return self.assignment[agent]
+
+    def complete(self, host: str, tokens: int) -> None:
+        if host not in self.outstanding:
+            raise KeyError(f"unknown host {host!r}")
+        self.outstanding[host] = max(0, self.outstanding[host] - tokens)
+
+
+class HierarchicalBalancer(_HostBook):
     """Demand-following host split per agent + turn-taking placement within an agent."""
 
     def __init__(
@@ -156,13 +177,12 @@ class HierarchicalBalancer:
         """`agents` in graph order; `parents[a]`: the agents whose output `a` reads (each
         listed before `a`; none: independent agents)."""
         self.config = config or BalancerConfig()
-        self.agents = tuple(agents)
-        self.parents = {a: tuple((parents or {}).get(a, ())) for a in self.agents}
+        order = tuple(agents)
+        self.parents = {a: tuple((parents or {}).get(a, ())) for a in order}
         for a, ps in self.parents.items():
-            if any(self.agents.index(p) >= self.agents.index(a) for p in ps):
+            if any(order.index(p) >= order.index(a) for p in ps):
                 raise ValueError(f"parents of {a!r} must come before it in `agents`: {ps}")
-        self.assignment = equal_split(agents, hosts)
-        self.outstanding = dict.fromkeys(hosts, 0)
+        super().__init__(agents, hosts)
         self.demand: dict[str, Demand] = {}
         self._steps: dict[int, _StepTasks] = {}  # the generate tasks of each step so far
         self.span: float | None = None  # EMA of the measured rollout span of a step
@@ -171,12 +191,6 @@ class HierarchicalBalancer:
         self.reverts = 0
         self._since_change = self.config.cooldown_steps  # first rebalance is allowed
         self._next: dict[str, int] = {}  # where the next tie-break starts, per agent
-        self.changes = 0
-
-    def hosts_of(self, agent: str) -> tuple[str, ...]:
-        if agent not in self.assignment:
-            raise KeyError(f"unknown agent {agent!r}; known: {', '.join(self.agents)}")
-        return self.assignment[agent]
 
     def observe(
         self,
@@ -331,26 +345,13 @@ class HierarchicalBalancer:
         self.outstanding[host] += est_tokens
         return host
 
-    def complete(self, host: str, tokens: int) -> None:
-        if host not in self.outstanding:
-            raise KeyError(f"unknown host {host!r}")
-        self.outstanding[host] = max(0, self.outstanding[host] - tokens)
 
-
-class NoBalancing:
+class NoBalancing(_HostBook):
     """The benchmark's "off" arm: static equal split, round-robin within an agent."""
 
     def __init__(self, agents: Sequence[str], hosts: Sequence[str]) -> None:
-        self.agents = tuple(agents)
-        self.assignment = equal_split(agents, hosts)
-        self.outstanding = dict.fromkeys(hosts, 0)
+        super().__init__(agents, hosts)
         self._next = dict.fromkeys(agents, 0)
-        self.changes = 0
-
-    def hosts_of(self, agent: str) -> tuple[str, ...]:
-        if agent not in self.assignment:
-            raise KeyError(f"unknown agent {agent!r}; known: {', '.join(self.agents)}")
-        return self.assignment[agent]
 
     def observe(
         self,
@@ -373,8 +374,3 @@ class NoBalancing:
         self._next[agent] += 1
         self.outstanding[host] += est_tokens
         return host
-
-    def complete(self, host: str, tokens: int) -> None:
-        if host not in self.outstanding:
-            raise KeyError(f"unknown host {host!r}")
-        self.outstanding[host] = max(0, self.outstanding[host] - tokens)

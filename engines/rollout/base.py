@@ -197,6 +197,26 @@ def check_watch(watch: Watch, cut: Cut | None, params: SamplingParams) -> None:
         raise BadRequestError(f"Watch.every must be >= 1 and reason one of {FINISH_REASONS}")
 
 
+def check_request(
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    context: int,
+    vocab: int,
+    cut: Cut | None,
+    watch: Watch | None,
+) -> None:
+    """What every backend's `generate` checks before it samples: the prompts fit the model
+    (`check_prompts`), a cut or a watch (not both) fits the batch, and a speculative rollout
+    comes without either (it stops no request)."""
+    check_prompts(prompts, context, vocab)
+    if cut is not None:
+        cut.check(len(prompts), params)
+    if watch is not None:
+        check_watch(watch, cut, params)
+    if params.speculate is not None and (cut is not None or watch is not None):
+        raise BadRequestError("speculative rollout stops no request: no cut or watch")
+
+
 @dataclass(frozen=True, slots=True)
 class AdapterServing:
     """What an engine must know up front to serve LoRA adapters on its base: how many
@@ -235,7 +255,8 @@ class RolloutBackend(Protocol):
     ) -> list[list[Completion]]:
         """Return completions indexed [prompt][sample] (len(prompts) × params.n); with a
         `cut`, requests still running when it is reached come back "partial"; with a
-        `watch`, those it stops come back with `watch.reason`."""
+        `watch`, those it stops come back with `watch.reason`. Every backend first checks
+        the request with `check_request`."""
         ...
 
     def load_adapter(self, name: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
@@ -282,8 +303,8 @@ def make_backend(name: str, model_path: str | Path, **opts: Any) -> RolloutBacke
     """Build a registered backend; an unknown name raises listing the known ones."""
     if name == "auto":  # a MEG's default: made concrete when a run or evaluation is planned
         raise UnknownBackendError(
-            "backend 'auto' is chosen when a run is planned (flows.runs.backend."
-            f"choose_backends); pass a spec that went through it, or one of {known_backends()}"
+            "backend 'auto' is chosen when a run is planned (flows.runs.engine_choice."
+            f"choose_engines); pass a spec that went through it, or one of {known_backends()}"
         )
     try:
         cls = BACKENDS.get(name)

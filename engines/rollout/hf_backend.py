@@ -29,7 +29,6 @@ from engines.families import checkpoint_names
 from engines.rollout.base import (
     AdapterError,
     AdapterServing,
-    BadRequestError,
     Completion,
     Cut,
     CutTracker,
@@ -38,8 +37,7 @@ from engines.rollout.base import (
     base_weights,
     budget,
     check_model_dir,
-    check_prompts,
-    check_watch,
+    check_request,
     check_weights,
     register_backend,
 )
@@ -106,13 +104,7 @@ class HFBackend:
         cut: Cut | None = None,
         watch: Watch | None = None,
     ) -> list[list[Completion]]:
-        check_prompts(prompts, self._context, self._vocab)
-        if cut is not None:
-            cut.check(len(prompts), params)
-        if watch is not None:
-            check_watch(watch, cut, params)
-        if params.speculate is not None and (cut is not None or watch is not None):
-            raise BadRequestError("speculative rollout stops no request: no cut or watch")
+        check_request(prompts, params, self._context, self._vocab, cut, watch)
         with self._using(adapter):
             if not prompts:
                 return []
@@ -174,7 +166,7 @@ class HFBackend:
 
         # the prompt pass runs once per prompt, and its cache and last logits are repeated
         # for the n samples (row r samples prompt r // n): the n rows of one prompt computed
-        # the same prefill, n times the work on long prompts (`bench.backends`)
+        # the same prefill, n times the work on long prompts (`bench.rollout_engines`)
         ids, mask = left_pad(prompts, self._pad)  # (P, L)
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L)

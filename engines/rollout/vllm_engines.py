@@ -19,9 +19,8 @@ rollout worker whose runs change models pays them every run:
 - once its weights were updated, its layers and their weights, held by their own entries
   in vLLM's layerwise-reload table (`forget_reload_info`, before the engine shuts down).
 
-Measured with a qwen2 of 79 MB and a 151,000-token tokenizer (a real Qwen's size), each
-engine updated once: a closed engine left 336.6 MiB behind, 6.1 MiB with both let go
-(`bench/engine_churn.py`, 2026-12-07).
+What a closed engine left behind before and after: `bench/engine_churn.py`, measured in
+docs/rollout.md#model-hosts-enginesrollouthostspy.
 """
 
 from __future__ import annotations

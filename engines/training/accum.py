@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from engines.training.aggregate import aggregate
-from engines.training.config import StepMismatchError
+from engines.training.train_config import StepMismatchError
 
 
 def normaliser(mode: str, tokens: int, seqs: int) -> float:

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from engines.training.config import DTYPES, TrainConfig
 from engines.training.lora import LoraConfig, adapter_config_json, quiet_peft
+from engines.training.train_config import DTYPES, TrainConfig
 
 ADAPTER_LAYERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 _NAMES = itertools.count()

@@ -53,7 +53,6 @@ from engines.training.checkpoint_index import (
     prune_checkpoints,
     set_aside,
 )
-from engines.training.config import DTYPES
 from engines.training.lora import (
     ADAPTER_WEIGHTS,
     LoraConfig,
@@ -61,6 +60,7 @@ from engines.training.lora import (
     merge_adapter,
     write_adapter,
 )
+from engines.training.train_config import DTYPES
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.fs import open_fs
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from engines.training.batch import TrainMicroBatch
-from engines.training.config import TrainConfig
 from engines.training.losses import anchor, policy_loss
+from engines.training.train_config import TrainConfig
 
 
 def token_objective(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from engines.training.config import DTYPES
+from engines.training.train_config import DTYPES
 
 _REFERENCE: dict[tuple[str, str, str], torch.nn.Module] = {}
 

@@ -75,15 +75,15 @@ from engines.training.accum import (
 from engines.training.aggregate import aggregate
 from engines.training.batch import TrainMicroBatch, token_logprobs
 from engines.training.catalog import zero_at_zero_advantage
-from engines.training.config import (
+from engines.training.objective import sample_diagnostics, token_objective
+from engines.training.reference import reference_model
+from engines.training.train_config import (
     DTYPES,
     StepMismatchError,
     StepResult,
     TrainConfig,
     autocast,
 )
-from engines.training.objective import sample_diagnostics, token_objective
-from engines.training.reference import reference_model
 from engines.training.weights import PolicyWeights, make_weights
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from engines.training.accum import Accum
-from engines.training.config import STATE_FORMAT, TrainConfig
+from engines.training.train_config import STATE_FORMAT, TrainConfig
 from engines.training.weights import PolicyWeights
 
 

@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 from engines.families import checkpoint_names
-from engines.training.config import DTYPES, MASTER_DTYPE, TrainConfig
 from engines.training.reference import reference_model
+from engines.training.train_config import DTYPES, MASTER_DTYPE, TrainConfig
 
 
 class PolicyWeights(Protocol):

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.model_files import ModelFetchError
-from flows.cli.registry import command
+from flows.cli.command_registry import command
 from flows.runs.config import load_config
 from flows.runs.record import RunError
 from meg import analyze
@@ -103,7 +103,7 @@ def meg_show(args: argparse.Namespace) -> int:
     if args.rollout_workers < 1 or args.train_workers < 1:
         raise RunError("--rollout-workers and --train-workers must be at least 1")
     if not args.skip_model_check:  # the report reads the model files
-        from flows.report.weights import report
+        from flows.report.memory import report
 
         print(report(spec, args.rollout_workers, args.train_workers), end="")
     return 0
@@ -132,7 +132,7 @@ def init_cmd(args: argparse.Namespace) -> int:
 
 
 def _tiny_args(p: argparse.ArgumentParser) -> None:
-    from workloads.families import family_names
+    from workloads.family_configs import family_names
 
     p.add_argument("out_dir", type=Path)
     p.add_argument(
@@ -208,7 +208,6 @@ def train_params(args: argparse.Namespace) -> Any:
 def train_cmd(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from flows.cluster.layout import for_meg
     from flows.cluster.start import prefect_api
     from flows.train import check, train
 
@@ -218,12 +217,12 @@ def train_cmd(args: argparse.Namespace) -> int:
         params = train_params(args)
     except ValidationError as e:
         raise option_error(e) from None
-    run = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
-    if line := for_meg(run.ctx.spec, params.cluster)[1]:
-        print(line)  # the flow's own print is a log line, below the CLI's log level
+    settled = check(params)  # user mistakes: one paragraph, exit 2, before anything starts
+    for note in settled.notes:  # what the run chose (engines, layout, gradients)
+        print(note)  # the flow's own print is a log line, below the CLI's log level
     with prefect_api() as url:
         print(f"Prefect API: {url}")
-        out = train(params)
+        out = train(params, settled)  # the flow starts from this one decision
     c = out["consistency"]
     k = min(3, max(1, len(out["per_step"]) // 2))  # as flows.report.metrics.reward_gain
     print(
@@ -246,14 +245,15 @@ def train_cmd(args: argparse.Namespace) -> int:
             f"{g.get('trained', 0)} refused and recomputed on the trainer"
         )
     r = out["rollout"]
-    if r["carried_tokens"] or r["skipped_prompts"]:  # the april / greso policies acted
+    from flows.report.metrics import PROMPTS
+
+    counts = {k.removesuffix(PROMPTS): n for k, n in r.items() if k.endswith(PROMPTS) and n}
+    if r["carried_tokens"] or counts:  # a rollout or selection policy acted
         print(
             f"rollout policies: {r['carried_tokens']} tokens carried to a next step, "
             f"{r['offpolicy_frac']:.1%} of trained tokens off-policy, "
-            f"{r['thrown_away_tokens']} thrown away at the end, "
-            f"{r['skipped_prompts']} prompts skipped"
-            + (f", {r['replayed_prompts']} replayed" if r.get("replayed_prompts") else "")
-            + (f", {r['repeated_prompts']} extra episodes" if r.get("repeated_prompts") else "")
+            f"{r['thrown_away_tokens']} thrown away at the end"
+            + "".join(f", {n} prompts {name}" for name, n in sorted(counts.items()))
         )
     return 0
 

@@ -2,7 +2,7 @@
 
 User mistakes (a bad config, a missing model, a bad store URL) exit with code 2 and one
 paragraph on stderr, never a traceback. Each subcommand is registered once with `@command`
-(`flows.cli.registry`) in the modules imported below, the one place that lists them; the
+(`flows.cli.command_registry`) in the modules imported below, the one place that lists them; the
 parser is built from that registry, so there is no second dispatch on the name.
 """
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from flows.cli import commands, models
-from flows.cli.registry import COMMANDS, USER_ERRORS
+from flows.cli.command_registry import COMMANDS, USER_ERRORS
 
 COMMAND_MODULES = (commands, models)  # every module that registers commands: the one list
 

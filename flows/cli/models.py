@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli.registry import command
+from flows.cli.command_registry import command
 
 
 def _push_args(p: argparse.ArgumentParser) -> None:
@@ -79,8 +79,8 @@ def worker_cmd(args: argparse.Namespace) -> int:
     # a resource named after the worker: the run pins its tasks to that name, not to an
     # address, so a replacement started with the same name (on any host) takes them over
     resources = [*roles, args.name] if args.name else roles
-    # Dask's own `dask worker`, less the nanny's malloc setting (flows/cluster/worker.py)
-    argv = [sys.executable, "-m", "flows.cluster.worker", args.scheduler]
+    # Dask's own `dask worker`, less the nanny's malloc setting (flows/cluster/dask_worker.py)
+    argv = [sys.executable, "-m", "flows.cluster.dask_worker", args.scheduler]
     argv += ["--nthreads", "1", "--resources", ",".join(f"{r}=1" for r in resources)]
     argv += ["--name", args.name] if args.name else []
     for flag in ("host", "memory_limit", "tls_ca_file", "tls_cert", "tls_key"):

@@ -5,7 +5,11 @@ form, a Python caller and the CLI all fill in; the flags are derived from their 
 new field is a new flag, with its `description` as help text and its default shown once:
 
 - `foo_bar: int | None` → `--foo-bar N`; a `Literal[...]` field → `choices`;
-- `flag: bool = False` → `--flag`; `flag: bool = True` → `--no-flag`;
+- `flag: bool = False` → `--flag`; `flag: bool = True` → `--no-flag`; `flag: bool | None`
+  (an override of a MEG setting) → `--flag` / `--no-flag`;
+- fields generated from another model keep its bounds and description: `TrainParams`' run
+  settings are `RunSpec`'s (`flows.runs.resolve.override_fields`), refused out of bounds by
+  the same validation;
 - a nested model's fields are flattened (`cluster.train_slots` → `--train-slots`);
 - `json_schema_extra={"cli": "--json"}` renames a flag, `{"cli": None}` hides a field;
   `positional=("config",)` makes a field an optional positional argument.
@@ -28,11 +32,13 @@ _UNSET = argparse.SUPPRESS
 
 
 def _unwrap(annotation: Any) -> Any:
-    """`X | None` → X."""
+    """`X | None` → X, `Annotated[X, bounds...]` → X (the bounds are the model's to check)."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:
-            return args[0]
+            annotation = args[0]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return typing.get_args(annotation)[0]
     return annotation
 
 
@@ -74,7 +80,7 @@ def add_model_args(
                     dest=name,
                     action=argparse.BooleanOptionalAction,
                     default=_UNSET,
-                    help=f"{info.description or name} (default: the MEG's)",
+                    help=_help(info) or f"{name} (default: the MEG's)",
                 )
             elif info.default is True:
                 parser.add_argument(

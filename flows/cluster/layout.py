@@ -7,31 +7,28 @@ each. On a machine of C ≥ 2 cores `default_layout` chooses instead, by the sha
   training for its rollout, so on the two-worker cluster every core but one idles at any
   moment. The step is spread instead: one rollout worker per core, at most one per
   micro-batch (more would idle), so the micro-batches generate side by side, and a training
-  worker whose torch takes every core while the rollout waits. Measured with the TRL peer
-  job at 64×4×128 on 2 cores: 1.10× TRL on this layout and 0.81× on the two-worker cluster
-  (2026-12-03, an Intel VM), 1.01× and 0.76× (2026-12-05, an AMD VM; docs/peers.md).
+  worker whose torch takes every core while the rollout waits. The TRL peer job's larger
+  size passes TRL on this layout and falls behind it on the two-worker cluster
+  (docs/peers.md#the-honest-reading).
 - **One agent of a one-node MEG that back-propagates on its rollout workers**
   (`run.rollout_gradients`, on by `auto` for a small model with a core per micro-batch):
   the same workers, colocated, one thread each (`colocated_for_gradients`). The trainer
   then only adds the parts and steps, and a process of its own only took cores from the
-  sampling: on the TRL peer job at 8×4×32 (2 cores, Intel VM, 2026-12-07) the colocated
-  workers stepped 0.87× the time of the spread layout with the same gradients
-  (docs/peers.md).
+  sampling: the colocated workers step faster than the spread layout with the same
+  gradients (docs/peers.md, the TRL peer job at 8×4×32).
 - **Several weight units** (agents with weights of their own, or a base that LoRA agents
   share), flex or sync: one rollout worker per unit up to one per core, and a training worker
   with the cores the rollout workers leave (at least one thread). One rollout worker runs
   its units' generate tasks one after another: a planner's three workers, or a solver and
   the verifier of the solver's previous micro-batch, queue behind each other on one
-  one-thread engine while the other core has only the trainer's work. Measured on 2 cores
-  (an Intel VM, 2026-12-06, `bench/e2e.py`'s `*-auto` arms, docs/benchmarks.md): fanout's
-  step 1.14× (flex) and 1.23× (sync) faster than on the two-worker cluster, math-chain's
-  1.02–1.03× (1.04–1.08× in earlier runs); fanout flex kept 1.77 of the 2 cores busy
-  against 1.59. The cost is the first step: the engines start side by side, ~7 s more for
-  math-chain on 2 cores, so a run of its size gains from ~90 steps on.
+  one-thread engine while the other core has only the trainer's work. With a rollout
+  worker per unit they run side by side and more of the cores stay busy (`bench/e2e.py`'s
+  `*-auto` arms; docs/benchmarks.md#the-layout-a-run-chooses-and-what-two-cores-allow).
+  The cost is the first step: the engines start side by side, so a short run gains
+  nothing.
 - **Async runs** keep the two-worker cluster: their rollout already overlaps training and
-  their trainer is the busy side, so a second rollout worker only takes its core (fanout,
-  async η = 1, same VM: 0.86 and 1.02 s a step on two workers, 1.00 and 0.97 s with two
-  rollout workers: no gain).
+  their trainer is the busy side, so a second rollout worker only takes its core (no gain
+  on fanout, async η = 1: the same docs section).
 
 Every layout draws the same tokens: it moves time, not results.
 
@@ -62,7 +59,7 @@ from pathlib import Path
 from engines.devices import CPU_KV_CACHE_BYTES, total_ram
 from flows.cluster.start import ClusterConfig
 from flows.orchestrator.rollout_grads import decide_auto, why_not
-from flows.runs.backend import count_parameters
+from flows.runs.engine_choice import count_parameters
 from meg import MEGSpec, is_hub_name
 from meg.sharing import WeightUnit, weight_units
 
@@ -172,13 +169,16 @@ def describe(cfg: ClusterConfig, agents: int, micro_batches: int) -> str:
     return line
 
 
-def for_meg(spec: MEGSpec, given: ClusterConfig) -> tuple[ClusterConfig, str | None]:
+def for_meg(
+    spec: MEGSpec, given: ClusterConfig, gpus: int | None = None
+) -> tuple[ClusterConfig, str | None]:
     """The cluster a run of `spec` starts: `given`, or the one `default_layout` chooses when
     the user gave no cluster setting; and the line that says so (None: `given` stands).
-    `flexmarl train` prints it before the run starts."""
+    `gpus`: the GPUs seen (default `visible_gpus()`). Called once a run, by
+    `flows.runs.settle`."""
     if user_chose(given):  # theirs as given: no engine to size
         return given, None
-    gpus = visible_gpus()
+    gpus = visible_gpus() if gpus is None else gpus
     if gpus:  # the plan counts cores, not GPUs (module docstring)
         return given, GPU_LINE.format(n=gpus)
     units = weight_units(spec)
@@ -197,7 +197,7 @@ def colocated_for_gradients(spec: MEGSpec, cluster: ClusterConfig) -> ClusterCon
     otherwise. The training worker of the plain layout then only adds the parts and steps,
     while its process shares the cores with the workers; without it each worker samples and
     back-propagates its micro-batch and one of them also steps: TRL's one process, spread
-    over one per core (2026-12-07, docs/peers.md)."""
+    over one per core (docs/peers.md)."""
     if spec.run.rollout_gradients == "off" or len(spec.agents) != 1:
         return None
     agent = next(iter(spec.agents))

@@ -117,11 +117,11 @@ class Workers:
 
 
 # Dask's housekeeping timers, slowed down. With the defaults (event-loop tick every 20 ms,
-# system monitor every 500 ms, worker memory monitor every 100 ms) an idle local cluster of
-# two workers burned 9.4 s of CPU a minute (the scheduler's process 5.0, each worker 2.2); with
-# these 1.5 s (2026-12-03, 2-core VM), which the run's own tasks get back. What is lost: the
-# dashboard's system plots update every 2 s, a stalled event loop is noticed within 0.5 s
-# instead of 20 ms (it is reported only past 3 s anyway), and a worker over its memory limit
+# system monitor every 500 ms, worker memory monitor every 100 ms) an idle local cluster
+# burns several times the CPU it does with these, which the run's own tasks get back
+# (docs/clusters.md#2-start-the-scheduler-and-the-workers). What is lost: the dashboard's
+# system plots update every 2 s, a stalled event loop is noticed within 0.5 s instead of
+# 20 ms (it is reported only past 3 s anyway), and a worker over its memory limit
 # is paused within 0.5 s.
 QUIET_DASK = {
     "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "500ms",
@@ -322,9 +322,8 @@ def keep_malloc_defaults() -> None:
     Why: setting any glibc malloc threshold turns off its dynamic mmap threshold, so every
     tensor above 128 KiB is a fresh `mmap` (page faults, zeroed pages) and goes back to the
     OS when freed. Torch on CPU allocates and frees activations of that size all the time:
-    one training micro-batch of the tiny model (128 × 137 tokens, one thread) took 2.5 s
-    with Dask's setting against 1.35 s without (2026-12-03, 2-core VM), and the TRL peer
-    benchmark's single-agent step lost that factor on both workers (docs/peers.md). Dask
+    with Dask's setting a training micro-batch of the tiny model took about twice as long
+    (docs/peers.md, "Where our step went, and what changed"; docs/clusters.md). Dask
     sets it so that freed memory shows up as freed at once; glibc's default still trims
     the heap top and returns large blocks, with the threshold following the block sizes in
     use. An explicit `MALLOC_TRIM_THRESHOLD_` in the driver's environment still reaches

@@ -26,7 +26,7 @@ class TorchThreads(WorkerPlugin):
     imports the driver's main module before the nanny applies its `env`. When that module
     imports torch (`python -m bench.peer_trl` does), torch has already read Dask's pre-spawn
     `OMP_NUM_THREADS=1` and keeps it: `threads=2` left the workers on one thread, silently
-    (seen 2026-12-03: a 2-thread training worker trained no faster than a 1-thread one). The
+    (docs/peers.md#the-bug-behind-this-fixed). The
     scheduler hands a registered plugin to every worker that joins later too, so a worker
     restarted by its nanny gets it again."""
 

@@ -96,7 +96,7 @@ class StepEnds:
 class StepLog:
     """The results of one step's tasks, as the pipeline collects them.
 
-    The per-step Prefect task (`flows.orchestrator.watch`) waits on this instead of fetching
+    The per-step Prefect task (`flows.orchestrator.step_tasks`) waits on this instead of fetching
     the step's results a second time: every result crosses the network once, into the driver."""
 
     def __init__(self, step: int, expected: int) -> None:
@@ -122,7 +122,7 @@ class StepLog:
 
 
 class WatchUnit:
-    """Consecutive steps that one Prefect task run watches (`flows.orchestrator.watch`).
+    """Consecutive steps that one Prefect task run watches (`flows.orchestrator.step_tasks`).
 
     A task run costs the driver and the Prefect server CPU whatever it covers (its events,
     its states; measured ~20 ms a run on 2 cores, 8% of a 0.25 s step). So a unit takes the

@@ -117,9 +117,9 @@ def fused_scores(ctx: RunContext, groups: tuple[ScoreGroup, ...]) -> dict[str, i
 
     Why: a one-node MEG's step is a chain (generate → score → train → step) with nothing to
     overlap the score task with, so its own task costs a hop and a store read on the critical
-    path: 0.017 s of a 0.27 s step of the TRL peer job at 8×4×32 (2026-12-05, 2-core VM).
-    In a larger graph a separate score task can run beside the worker's next generate, and
-    the benchmarks and the simulator's calibration were measured that way: left as it is."""
+    path (measured: docs/architecture.md#score-groups). In a larger graph a separate score
+    task can run beside the worker's next generate, and the benchmarks and the simulator's
+    calibration were measured that way: left as it is."""
     if len(ctx.spec.nodes) != 1:
         return {}
     return {g.waits[0]: i for i, g in enumerate(groups) if len(g.waits) == 1}
@@ -141,7 +141,7 @@ class Pipeline:
         spec, run = ctx.spec, ctx.run
         self.place = Placement(spec, workers, run.balance, run.elastic)
         slots = engine_slots(workers, len(self.place.units))
-        self.ctx, self.workers, self.ex = replace(ctx, engine_slots=slots), workers, executor
+        self.ctx, self.workers, self.executor = replace(ctx, engine_slots=slots), workers, executor
         self.trained_on: dict[str, str] = {}  # agent → the worker its state is on
         self.futures = Futures()
         self.groups = score_groups_of(ctx)
@@ -199,7 +199,7 @@ class Pipeline:
         parents = tuple(gen[(p, k, j)] for p in spec.nodes[node].inputs)
         # micro-batches flow through a worker in order (module docstring)
         previous = (gen[(node, k, j - 1)],) if j and where[(node, k, j - 1)] == worker else ()
-        if self.plan.rollout.carries and node == self.order[0] and (node, k - 1, j) in gen:
+        if self.plan.carry_limit and node == self.order[0] and (node, k - 1, j) in gen:
             previous += (self.futures.resolved(gen[(node, k - 1, j)]),)  # resumes it
         kwargs = dict(
             ctx=self.ctx,
@@ -313,7 +313,7 @@ class Pipeline:
         est: int = 0,
     ) -> Any:
         pin = {**self.workers.pin(worker), "priority": task_priority(step, rank)}
-        handle = self.ex.submit(kind, kwargs, pin)
+        handle = self.executor.submit(kind, kwargs, pin)
         self._pending.append((kind, handle, worker, host, est))
         return handle
 
@@ -324,10 +324,10 @@ class Pipeline:
         done: list[Pending] = []
         still: list[Pending] = []
         for p in self._pending:
-            (done if self.ex.done(p[1]) else still).append(p)
+            (done if self.executor.done(p[1]) else still).append(p)
         if not done:
             return 0
-        refs = self.ex.results([p[1] for p in done])  # raises a task's error: run stops
+        refs = self.executor.results([p[1] for p in done])  # raises a task's error: run stops
         self._pending = still
         for (kind, handle, worker, host, est), ref in zip(done, refs, strict=True):
             if getattr(ref, "scored", None) is not None:  # rows for the trainer, not for us
@@ -360,7 +360,7 @@ class Pipeline:
             self.poll()
             if predicate():
                 return
-            self.ex.idle(interval)
+            self.executor.idle(interval)
 
     def wait_window(self, k: int) -> None:
         """Block until at most `window` steps are in flight before step k is submitted.
@@ -375,7 +375,7 @@ class Pipeline:
         handles = [steps[(a, old)] for a in self.agents if (a, old) in steps]
         if k % LINEAGE_CUT_EVERY == 0:
             handles = self.futures.all()
-        self.wait(lambda: all(self.ex.done(h) for h in handles))
+        self.wait(lambda: all(self.executor.done(h) for h in handles))
         self.poll()  # collect what finished after the last poll: `resolved` needs it
         # step k uses steps >= k - max(window, 1 + η)
         self.futures.forget_before(k - max(window, 1 + self.ctx.staleness))

@@ -2,10 +2,10 @@
 micro-batch launches, the selection policy which of them are rolled out at all.
 
 Micro-batch j of step k trains `quota_j` episodes, a contiguous share of `episodes_per_step`.
-`april` launches more for that (`launched(quota_j)`); `greso` then drops the prompts whose
-history taught nothing (`flows.orchestrator.selection`), `bandit` re-spends the slots on the
-prompts expected to teach most (`bandit.py`), `sera` re-divides them among the planned
-prompts by difficulty (`sera.py`). The episodes are drawn by
+The rollout policy may launch more for that (`launched(quota_j)`: `april`); the selection
+policy's selector then re-plans them from the run's history (`greso` drops prompts that
+taught nothing, `bandit` re-spends the slots, `sera` re-divides them: `policies`). The
+episodes are drawn by
 `batch_for_step(seed, k)`, a pure function, so a resumed run plans the same episodes; with
 `greso` the steps before the resume are re-planned first, from the same committed history, so
 the choices after it are the same as an uninterrupted run's.
@@ -18,17 +18,13 @@ from functools import cached_property
 from typing import Any
 
 from engines.training.catalog import WHOLE_LOOP_CREDITS
-from flows.orchestrator.bandit import BanditSelector
-from flows.orchestrator.selection import Selector
-from flows.orchestrator.sera import SeraSelector
 from meg import MEGSpec, ScoreGroup, score_groups
 from meg.loops import loop_nodes
+from policies import rollout_policy, selection_policy
 from tasks.context import RunContext
 from tasks.refs import Episode, episode_id
 from workloads.datasets import Splits, TaskItem, batch_for_step, load_dataset
 from workloads.rewards import reward_reads
-
-SELECTORS: dict[str, Any] = {"bandit": BanditSelector, "sera": SeraSelector}  # else GRESO's
 
 
 class EpisodePlanner:
@@ -45,13 +41,12 @@ class EpisodePlanner:
         on_select: Callable[[Any], None] = lambda ref: None,
     ) -> None:
         self.ctx, self.total, self.m = ctx, episodes_per_step, micro_batches
-        self.rollout, self.select = ctx.spec.run.rollout, ctx.spec.run.select
+        self.rollout, self.select = rollout_policy(ctx.spec), selection_policy(ctx.spec)
+        self.carry_limit = ctx.spec.run.rollout.carry_limit
         self.on_select = on_select
         self._planned: dict[int, list[tuple[Episode, ...]]] = {}
         self._task_of: dict[str, str] = {}  # episode id → task id (selection history)
-        self.selector = SELECTORS.get(self.select.policy, Selector)(
-            ctx, window, self._task_of.get, self.item_of
-        )
+        self.selector = self.select.selector(ctx, window, self._task_of.get, self.item_of)
         if self.select.needs_history:  # re-plan the steps before a resume: same choices
             for s in range(start_step):
                 self.planned(s)
@@ -67,7 +62,7 @@ class EpisodePlanner:
         self._task_of.update((e, t.id) for e, t in eps)
         starts = [sum(launch[:j]) for j in range(self.m + 1)]
         mbs = [tuple(eps[starts[j] : starts[j + 1]]) for j in range(self.m)]
-        if self.select.needs_history:
+        if self.selector is not None:
             mbs, ref = self.selector.select(k, mbs)
             self._task_of.update((e, t.id) for eps in mbs for e, t in eps)  # replayed prompts
             self.on_select(ref)
@@ -92,9 +87,9 @@ class EpisodePlanner:
         those of the `max_carry` steps before, any of which the root may still be carrying
         (which ones, the root's task reads from the store)."""
         new = self.planned(k)
-        if not self.rollout.carries:
+        if not self.carry_limit:
             return new
-        back = range(max(0, k - self.rollout.carry_limit), k)
+        back = range(max(0, k - self.carry_limit), k)
         return [tuple(e for s in back for e in self.planned(s)[j]) + new[j] for j in range(self.m)]
 
 

@@ -18,8 +18,8 @@ part computed at sampling time would be the wrong gradient), rolling out whole e
 `AUTO_MAX_PARAMETERS` with at least one rollout worker per micro-batch (otherwise one worker
 back-propagates several micro-batches on one thread while the trainer's cores wait), on a
 cluster this run starts, without GPUs (a rollout worker's GPU holds the engine, sized to
-leave the rest to a trainer; a second copy of the model there is not planned for). The TRL
-peer job at 8×4×32 on a 2-core VM: docs/peers.md (2026-12-07).
+leave the rest to a trainer; a second copy of the model there is not planned for). The
+measurements behind the bound: docs/peers.md.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from flows.report.metrics import PROMPTS
 from tasks.context import Timing
 
 _HATCH = {
@@ -101,9 +102,7 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
             # what the rollout and selection policies did (0 with the defaults)
             "carried_tokens": r["carried_tokens"],
             "offpolicy_tokens": r["offpolicy_tokens"],
-            "skipped_prompts": r["skipped_prompts"],
-            "replayed_prompts": r.get("replayed_prompts", 0),
-            "repeated_prompts": r.get("repeated_prompts", 0),
+            **{k: n for k, n in r.items() if k.endswith(PROMPTS)},  # the selection's counts
             "failed_rewards": sum(r["failed_rewards"].values()),
         }
         for r in summary["per_step"]

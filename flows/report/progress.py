@@ -5,9 +5,9 @@ line per finished optimizer step, so logs stay readable. A Prefect progress arti
 the finished steps, updated at most once a second (`ARTIFACT_EVERY_S`) and once at the end.
 
 Why throttle: each update is a request the Prefect server writes to its database. At the
-TRL peer job's 5 steps a second (8×4×32, 2-core VM, 2026-12-06) updating on every step cost
-the server 0.09 of a core against 0.05 without them, CPU the run's own workers then lacked
-(docs/peers.md). The UI's progress bar gains nothing from more than one update a second.
+TRL peer job's several steps a second, updating on every step took server CPU the run's own
+workers then lacked (docs/cli.md#what-a-run-writes). The UI's progress bar gains
+nothing from more than one update a second.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from engines.training.catalog import loss_names, zero_at_zero_advantage
 from meg import MEGError, MEGSpec, is_hub_name, load_meg, validate
 from meg.sizes import context_problems
 from meg.agent_spec import LossSpec
+from policies import problems
 from workloads import plugins, resolve_config
 from workloads.datasets import GENERATORS
 from workloads.rewards import check_binding, known_rewards
@@ -63,6 +64,7 @@ def load_config(name: str, *, check_models: bool = True) -> MEGSpec:
         known_rewards=known_rewards(),
         known_losses=loss_names(),
         known_tools=known_tools(),
+        policy_problems=problems,
         check_models=check_models,
         prepare=with_plugins,
     )
@@ -128,6 +130,7 @@ def validate_spec(spec: MEGSpec, source: str) -> MEGSpec:
         known_rewards=known_rewards(),
         known_losses=loss_names(),
         known_tools=known_tools(),
+        policy_problems=problems,
     )
     check_workload(spec, source)
     return spec

@@ -1,11 +1,12 @@
 """One resolved run config: a MEG's `run:` section and the command line's values, merged once.
 
 Every run setting has one home, `RunSpec` (meg/run_spec.py). A MEG file gives its defaults,
-`flexmarl train` flags of the same name override them (`TrainParams`: None means "not
-given"), and `resolve` merges the two into a new frozen spec whose `run` holds the values the
-run uses — with where each came from: `cli`, `meg` (the MEG file set it) or `default`
-(RunSpec's own). `run.json` stores exactly that spec, and the pipeline, the tasks, the
-trainers and a resume read only it (`RunContext.mode`, `.steps`, ... are views of it).
+`flexmarl train` flags of the same name override them (`TrainParams`, whose override fields
+are generated from RunSpec's by `override_fields`: None means "not given"), and `resolve`
+merges the two into a new frozen spec whose `run` holds the values the run uses — with
+where each came from: `cli`, `meg` (the MEG file set it) or `default` (RunSpec's own).
+`run.json` stores exactly that spec, and the pipeline, the tasks, the trainers and a resume
+read only it (`RunContext.mode`, `.steps`, ... are views of it).
 
 A resumed run keeps its settings: `continued` lets the command line (or the MEG file given
 again) raise `steps` — continuing a finished run, as a larger `max_steps` does in TRL — and
@@ -15,15 +16,49 @@ refuses anything else that differs, naming it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from meg import MEGSpec
 from meg.spec import RunSpec
 
 Source = Literal["cli", "meg", "default"]
 RUN_FIELDS = tuple(RunSpec.model_fields)
+# The run settings a `flexmarl train` flag may override (the rollout and selection policies,
+# scoring and trackers are the MEG file's alone).
+OVERRIDABLE = (
+    "mode",
+    "staleness",
+    "steps",
+    "episodes_per_step",
+    "micro_batches",
+    "window",
+    "seed",
+    "balance",
+    "elastic",
+    "rollout_gradients",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
+
+
+def override_fields(names: tuple[str, ...] = OVERRIDABLE) -> dict[str, Any]:
+    """pydantic field definitions (`create_model(**override_fields())`) of the run settings
+    `names` as overrides: RunSpec's type with its bounds, or None (not given: the MEG's value
+    stands), and RunSpec's description with the default it falls back to. RunSpec's
+    validators are not carried over: a flag takes the value as typed (`--checkpoint-every 0`
+    is refused, where an old MEG file's 0 still means every step)."""
+    fields: dict[str, Any] = {}
+    for name in names:
+        info = RunSpec.model_fields[name]
+        kind: Any = info.annotation
+        if info.metadata:  # its bounds: `ge`, `le`, ...
+            kind = Annotated[(kind, *info.metadata)]
+        about = (info.description or name).rstrip(".")
+        about += f" (default: the MEG's run.{name}, else {info.default})"
+        fields[name] = (kind | None, Field(None, description=about))
+    return fields
 
 
 class ResolveError(ValueError):
@@ -53,9 +88,9 @@ def graph_defaults(spec: MEGSpec, found: Mapping[str, Source]) -> MEGSpec:
     """`spec` with the run settings whose default depends on the graph, where no one set them.
 
     `checkpoint_every`: a one-agent run checkpoints every `SOLO_CHECKPOINT_EVERY` steps (and
-    always at its last). Why: its steps are short (GRPO on one small policy: 0.27 s a step at
-    8×4×32 in the TRL peer job), and writing its weights and AdamW state every step took 12
-    ms of that (2026-12-05, 2-core VM). A crash costs little more: a resume replays at most 9
+    always at its last). Why: its steps are short (GRPO on one small policy), and writing its
+    weights and AdamW state every step was a measurable share of each (docs/training.md has
+    the numbers). A crash costs little more: a resume replays at most 9
     steps of training from the store (rollouts are committed, never redone). Multi-agent runs
     keep every step, the setting their benchmarks and the simulator's calibration used."""
     agents = {n.agent for n in spec.nodes.values()}

@@ -10,23 +10,20 @@ from pathlib import Path
 import pytest
 
 from bench.cut import main
-from bench.longtail import build_model
 
 pytestmark = pytest.mark.slow
 
 # The headline `abort_time_ratio` (abort / full wall time: 0.44 at full size) comes from
 # the tokens the cut does not generate. At --small's 2 warm steps the model still runs most
 # episodes to the 96-token budget, so the 6th of 8 episodes completes only when everything
-# does: the cut saves nothing (abort 1827 tokens = full 1827, 0 partial). 20 warm steps (~2 s
-# more) give the long tail the benchmark is about; the tokens are seeded, so the direction
-# below is a count, not a timing.
-WARM_STEPS = 20
+# does: the cut saves nothing (abort 1827 tokens = full 1827, 0 partial). 20 warm steps (the
+# session's `longtail_model`, shared with the SRT test) give the long tail the benchmark is
+# about; the tokens are seeded, so the direction below is a count, not a timing.
 
 
-def test_cut_bench_small(tmp_path: Path) -> None:
-    model = build_model("longtail", tmp_path, WARM_STEPS)
+def test_cut_bench_small(tmp_path: Path, longtail_model: str) -> None:
     out = tmp_path / "cut.json"
-    res = main(["--small", "--model", model, "--json", str(out)])
+    res = main(["--small", "--model", longtail_model, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     arms = res["arms"]
     assert set(arms) == {"full", "step_loop", "abort", "chunked_8", "chunked_16", "chunked_32"}

@@ -24,16 +24,18 @@ from bench.e2e import (
 pytestmark = pytest.mark.slow
 
 
-def test_e2e_bench_small(tmp_path: Path, prefect_server: str) -> None:
+def test_e2e_bench_small(tmp_path: Path, bench_cluster: str) -> None:
     out = tmp_path / "e2e.json"
     # 3 steps, not --small's 2: the idle ratios cover the steps after step 0, and with 2
     # steps async(1) may roll out all of step 1 while step 0 still trains (rollout idle 1.0,
     # seen once the engines were reused between runs); step 2 needs step 0's weights, so its
     # rollout always falls in the window
     # the `auto` arms each start a cluster of their own (~30 s here); a killed run on the
-    # chosen layout is tested in tests/flows/test_faults.py, the arms' parts below
+    # chosen layout is tested in tests/flows/test_faults.py, the arms' parts below. The
+    # shared arms run on the session's default cluster (the one `--small` would start).
     arms = [a for a in ARMS if ARMS[a].get("cluster") != "auto"]
     args = ["--small", "--steps", "3", "--workloads", "math-chain", "--arms", ",".join(arms)]
+    args += ["--scheduler", bench_cluster]
     res = main([*args, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     assert res["cpu"] and "(" in res["cpu"]  # the processor and its vector extensions

@@ -1,11 +1,12 @@
 """A small run of the long-tail benchmark keeps it working (keys, audits, the fractions,
-what zero-advantage skipping saves; never timings)."""
+what zero-advantage skipping saves, the held-out evaluation; never timings). One run serves
+both tests: every arm, with the baseline and `echo` evaluated on held-out tasks."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,11 +32,20 @@ KEYS = (
 )
 
 
-def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
-    out = tmp_path / "longtail.json"
-    res = main(["--small", "--json", str(out)])
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory, bench_cluster: str) -> dict[str, Any]:
+    """`--small` with every arm, `--heldout 1` on the baseline and echo, on the session's
+    cluster (what `--small` would start itself)."""
+    out = tmp_path_factory.mktemp("longtail") / "longtail.json"
+    args = ["--small", "--heldout", "1", "--heldout-arms", "echo", "--scheduler", bench_cluster]
+    res: dict[str, Any] = main([*args, "--json", str(out)])
     assert json.loads(out.read_text()) == res
-    assert res["workloads"] == ["longtail"]
+    return res
+
+
+def test_longtail_bench_small(small: dict[str, Any]) -> None:
+    res = small
+    assert res["workloads"] == ["longtail"] and res["steps"] == 2
     arms = res["longtail"]["arms"]
     assert set(arms) == set(ARMS)
     for arm in arms.values():
@@ -56,6 +66,7 @@ def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
     assert res["sera_generated_tokens_ratio"] > 0 and arms["sera"]["violations"] == 0
     # a count from seeded sampling, not a timing: the 2-step warm start writes a wrong number
     # within a few tokens almost every time, and rollverify stops those samples there
+    # (0.15 here)
     assert res["rollverify_generated_tokens_ratio"] < 1.0
     assert arms["rollverify"]["violations"] == arms["darts"]["violations"] == 0
     # skip_train_time_ratio / zero_adv_step_time_ratio (0.24 / 0.47 at full size) are
@@ -67,19 +78,21 @@ def test_longtail_bench_small(tmp_path: Path, prefect_server: str) -> None:
         assert arms["zero_adv"][key] == arms["baseline"][key], key
     # Not asserted at this size: APRIL's step-time ratio is wall-clock, and APRIL generates
     # *more* tokens than the baseline (25% more episodes launched), so no count carries its
-    # gain. GRESO skips on a prompt's history (steps <= k - 2): in 3 steps only step 2 can
-    # skip, only a prompt step 0 also drew (tasks are drawn with replacement: 1 of 4 here),
-    # and with probability 0.5 (an all-zero reward): it skipped none here, ratio 1.0 (0.85 at
-    # full size). The all-three ratios mix both.
+    # gain. GRESO skips on a prompt's history (steps <= k - 2): in 2 steps no step can skip,
+    # ratio 1.0 (0.85 at full size; at 3 steps only step 2 could, for a prompt step 0 also
+    # drew, and it skipped none). The all-three ratios mix both.
 
 
-def test_longtail_bench_heldout_small(tmp_path: Path, prefect_server: str) -> None:
-    """`--heldout`: each arm's final models evaluated on held-out tasks, a paired delta."""
-    res = main(["--small", "--arms", "echo", "--heldout", "1", "--json", str(tmp_path / "h.json")])
+def test_longtail_bench_heldout_small(small: dict[str, Any]) -> None:
+    """`--heldout`: the chosen arms' final models (and the baseline's) evaluated on held-out
+    tasks, a paired delta; the other arms are not evaluated and have no delta."""
+    res = small
     arms = res["longtail"]["arms"]
-    assert set(arms) == {"baseline", "echo"} and res["heldout_repeats"] == 1
-    for arm in arms.values():
-        assert 0.0 <= arm["heldout_team_reward"] <= 1.0
+    assert res["heldout_repeats"] == 1 and res["heldout_arms"] == ["baseline", "echo"]
+    assert {a for a, m in arms.items() if "heldout_team_reward" in m} == {"baseline", "echo"}
+    for arm in ("baseline", "echo"):
+        assert 0.0 <= arms[arm]["heldout_team_reward"] <= 1.0
     delta = arms["echo"]["heldout_team_reward"] - arms["baseline"]["heldout_team_reward"]
     assert res["echo_heldout_reward_delta"] == pytest.approx(delta, abs=1e-4)
     assert res["baseline_heldout_reward"] == arms["baseline"]["heldout_team_reward"]
+    assert [k for k in res if k.endswith("_heldout_reward_delta")] == ["echo_heldout_reward_delta"]

@@ -1,4 +1,4 @@
-"""`bench.reuse`'s growth arithmetic (the 20-run cluster test itself is
+"""`bench.reuse`'s growth arithmetic (the cluster test itself, 10 runs, is
 tests/flows/test_cluster_reuse.py)."""
 
 from __future__ import annotations

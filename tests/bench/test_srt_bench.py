@@ -14,9 +14,10 @@ from bench.srt import ARMS, main
 pytestmark = pytest.mark.slow
 
 
-def test_srt_bench_small(tmp_path: Path) -> None:
+def test_srt_bench_small(tmp_path: Path, longtail_model: str) -> None:
+    """On the session's 20-step long-tail model: what `--small` builds."""
     out = tmp_path / "srt.json"
-    res = main(["--small", "--json", str(out)])
+    res = main(["--small", "--model", longtail_model, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     assert set(res["arms"]) == set(ARMS)
     for key in ("srt_engine_time_ratio", "srt_cold_time_ratio", "srt_no_compaction_time_ratio"):

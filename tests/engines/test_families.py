@@ -1,6 +1,6 @@
 """Model-family conformance: every family runs the whole weight life cycle, for real.
 
-For each family of `workloads.families` (tiny random models built here from the family's
+For each family of `workloads.family_configs` (tiny random models built here from the family's
 own transformers config: Llama untied; Qwen2 tied with q/k/v biases and a 151,936
 vocabulary; Qwen3 tied with q/k norms; GPT-2 tied with dropout and a fused Conv1D q/k/v;
 Gemma tied with scaled embeddings), in the order a run uses them:
@@ -30,7 +30,7 @@ from engines.training.checkpoint import export_hf, restore_trainer, save_checkpo
 from engines.training.slots import SlotManager
 from engines.training.trainer import AgentTrainer, TrainConfig
 from storage.state import Host, StateStore
-from workloads.families import FAMILIES
+from workloads.family_configs import FAMILIES
 from workloads.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow  # ~10 vLLM engines; runs in CI like every slow test

@@ -5,6 +5,7 @@ own run directory and store)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +30,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny model warm-started 30 steps on the long-tail format: it ends its lists at
-    varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut)."""
+    varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut).
+
+    Built once per `pytest` run (a minute of CPU): under xdist the first worker that needs
+    it builds it in the workers' shared temporary folder, under a lock, and the other one
+    waits for it and reads the same files (the model's files are never written to)."""
+    from filelock import FileLock
+
     from flows.cli.main import main as cli
 
-    model = tmp_path_factory.mktemp("models") / "tiny-longtail"
-    assert cli(["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]) == 0
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        shared = tmp_path_factory.mktemp("models")
+    else:  # this run's folder above the workers' own (pytest-N/popen-gwK)
+        shared = tmp_path_factory.getbasetemp().parent
+    model, built = shared / "tiny-longtail", shared / "tiny-longtail.built"
+    with FileLock(str(shared / "tiny-longtail.lock")):
+        if not built.exists():  # none yet, or a build cut short: (re)built
+            shutil.rmtree(model, ignore_errors=True)
+            args = ["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]
+            assert cli(args) == 0
+            built.touch()
     return str(model)
 
 
@@ -93,6 +109,13 @@ def run_store(run_dir: Path) -> Any:
         return None
 
 
+# `kill_cli_train_when(..., cluster=ONE_WORKER)`: the run's own cluster is one worker that
+# both generates and trains. For a test of what a resume makes of the store, where the killed
+# run ran does not matter, and its second worker process was a quarter of such a test's CPU
+# (18 of 63 s for a 4-step longtail run, measured here on 2 cores).
+ONE_WORKER = ("--colocate",)
+
+
 def kill_cli_train_when(
     predicate: Callable[[], bool],
     cfg: Path,
@@ -108,7 +131,8 @@ def kill_cli_train_when(
     `predicate()` holds; fails with the run's log tail if the run ends first or after 300 s.
     `cluster`: the cluster flags, by default the two-worker cluster (these tests are about
     resume; every further rollout worker is one more engine to start, ~15 s of a test on 2
-    cores); `()` lets the run lay its cluster out itself."""
+    cores); `ONE_WORKER` one colocated worker; `()` lets the run lay its cluster out
+    itself."""
     env = {**os.environ, "PREFECT_API_URL": api}
     with log.open("w") as out:
         proc = subprocess.Popen(

@@ -171,7 +171,7 @@ def test_the_weights_report_counts_bf16_training_in_float32_masters(
     import yaml
     from transformers import AutoModelForCausalLM
 
-    from flows.report.weights import held
+    from flows.report.memory import held
     from meg.load import load_meg
 
     cfg = _lora_fanout(tmp_path, tiny_model, planner={"r": 8, "target_modules": ["q_proj"]})
@@ -209,9 +209,9 @@ def test_lora_mistakes_are_found_before_anything_starts(
     from flows.train import TrainParams, check
 
     cfg = _lora_fanout(tmp_path, str(gpt2), planner=True)
-    run = check(TrainParams(config=str(cfg), run_dir=str(tmp_path / "r")))
-    assert {a.backend for a in run.ctx.spec.agents.values()} == {"hf"}
-    assert "vLLM serves no LoRA adapters on this architecture" in run.notes[0]
+    settled = check(TrainParams(config=str(cfg), run_dir=str(tmp_path / "r")))
+    assert {a.backend for a in settled.run.ctx.spec.agents.values()} == {"hf"}
+    assert "vLLM serves no LoRA adapters on this architecture" in settled.notes[0]
 
 
 def test_a_worker_named_after_a_role_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -106,16 +106,20 @@ def test_sigkill_after_a_move_resumes_with_a_clean_audit(
     run is killed as soon as the handover is logged (the state may be in flight) and resumed
     on another cluster, where the real allocator places training from then on. The move is
     scripted (`tests.flows.scripted_allocator`): whether the measured policy moves, and when,
-    depends on the machine's speeds, and the kill must land on a move."""
+    depends on the machine's speeds, and the kill must land on a move. Four steps of four
+    episodes: the move (and the kill) comes at step 2, and the resume has two steps left to
+    place (it had eight, of twice the episodes, each a wide model's training)."""
+    steps = 4
     small, wide = build_models(tmp_path / "models")
     cfg = tmp_path / "skewed.yaml"
-    cfg.write_text(yaml.safe_dump(skewed_training_meg(small, wide, steps=10, elastic=True)))
+    meg = skewed_training_meg(small, wide, steps=steps, episodes_per_step=4, elastic=True)
+    cfg.write_text(yaml.safe_dump(meg))
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
 
     def moved() -> bool:
         return log.exists() and "training moved" in log.read_text()
 
-    away = json.dumps([["critic", k] for k in range(2, 10)])
+    away = json.dumps([["critic", k] for k in range(2, steps)])
     entry = ("-m", "tests.flows.scripted_allocator", away)
     kill_cli_train_when(moved, cfg, run_dir, prefect_server, log, "a training move", entry)
     assert not (run_dir / "summary.json").exists()
@@ -127,6 +131,6 @@ def test_sigkill_after_a_move_resumes_with_a_clean_audit(
     store = MEGStore.open(out["store_url"], out["run_id"], create=False)
     for agent in ("solver", "checker", "critic"):
         table = store.table(agent)
-        assert sorted(table.consumption_log()) == list(range(10))
+        assert sorted(table.consumption_log()) == list(range(steps))
         ids = table.read().sample_id
         assert len(np.unique(ids)) == len(ids)

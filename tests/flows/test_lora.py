@@ -21,7 +21,7 @@ from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.state import StateStore
 from storage.store import MEGStore
-from tests.flows.conftest import kill_cli_train_when, write_config
+from tests.flows.conftest import ONE_WORKER, kill_cli_train_when, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -149,8 +149,14 @@ def test_killed_lora_run_resumes_its_adapters(
             and any((tables[0] / "commits").glob("k000002-*"))
         )
 
-    kill_cli_train_when(
-        mid_step, cfg, run_dir, prefect_server, tmp_path / "run.log", "alice's second step"
+    kill_cli_train_when(  # on one colocated worker: what is tested is the resume
+        mid_step,
+        cfg,
+        run_dir,
+        prefect_server,
+        tmp_path / "run.log",
+        "alice's second step",
+        cluster=ONE_WORKER,
     )
     ckpts = sorted((p for p in run_dir.glob("store/*/_checkpoints/alice/v*")), key=str)
     assert ckpts and all(is_adapter_dir(c) for c in ckpts if (c / "meta.json").exists())

@@ -17,7 +17,7 @@ from flows.cluster.start import Workers
 from flows.orchestrator.futures import StepLog, WatchUnit
 from flows.orchestrator.pipeline import Pipeline, task_priority
 from flows.orchestrator.placement import need_order
-from flows.orchestrator.watch import watch_steps
+from flows.orchestrator.step_tasks import watch_steps
 from meg import build_spec, load_meg, topological_order, validate
 from tasks.context import RunContext, Timing
 from tasks.refs import StepRef
@@ -100,7 +100,7 @@ def test_flex_scores_each_group_as_soon_as_it_can_and_trains_on_it() -> None:
         p.futures["generate"][("plan", 1, 0)], p.futures["optimizer_step"][("short", 0)]
     )
     # placement: rollout and scoring on the rollout worker, training on the training worker
-    kinds = {(t.kind, t.worker) for t in p.ex.tasks}  # type: ignore[attr-defined]
+    kinds = {(t.kind, t.worker) for t in p.executor.tasks}  # type: ignore[attr-defined]
     assert kinds == {
         ("generate", "R"),
         ("score", "R"),
@@ -144,8 +144,8 @@ def test_priorities_put_earlier_steps_micro_batches_and_needed_agents_first() ->
     order = topological_order(spec)
     assert p.agents == need_order(order, {n: spec.nodes[n].agent for n in order})
     assert p.agents == ["planner", "short", "medium", "long", "aggregator"]
-    step0 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 0]  # type: ignore[attr-defined]
-    step1 = [t.priority for t in p.ex.tasks if t.kwargs["step"] == 1]  # type: ignore[attr-defined]
+    step0 = [t.priority for t in p.executor.tasks if t.kwargs["step"] == 0]  # type: ignore[attr-defined]
+    step1 = [t.priority for t in p.executor.tasks if t.kwargs["step"] == 1]  # type: ignore[attr-defined]
     assert min(step0) > max(step1)
     assert min(
         h.priority for (_, k, j), h in p.futures["generate"].items() if (k, j) == (0, 0)
@@ -318,7 +318,7 @@ def test_a_one_node_meg_scores_inside_its_generate_task(mode: str, tmp_path: Any
     for k in range(2):
         p.submit_rollout(k)
         p.submit_training(k)
-    assert {t.kind for t in p.ex.tasks} == {  # type: ignore[attr-defined]
+    assert {t.kind for t in p.executor.tasks} == {  # type: ignore[attr-defined]
         "generate",
         "train_micro_batch",
         "optimizer_step",
@@ -339,4 +339,4 @@ def test_a_one_node_meg_scores_inside_its_generate_task(mode: str, tmp_path: Any
 def test_larger_graphs_keep_their_score_tasks() -> None:
     p = compile_steps("math-chain", "flex")
     assert p.fused == {}
-    assert all("score" not in t.kwargs for t in p.ex.tasks if t.kind == "generate")  # type: ignore[attr-defined]
+    assert all("score" not in t.kwargs for t in p.executor.tasks if t.kind == "generate")  # type: ignore[attr-defined]

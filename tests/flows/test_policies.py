@@ -18,7 +18,7 @@ from flows.train import TrainParams, train
 from storage.audit import audit_consistency
 from storage.schema import SegmentKey
 from storage.store import MEGStore
-from tests.flows.conftest import kill_cli_train_when, run_store, write_config
+from tests.flows.conftest import ONE_WORKER, kill_cli_train_when, run_store, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -210,6 +210,7 @@ def test_april_run_killed_with_partial_samples_resumes_and_continues_them(
         prefect_server,
         tmp_path / "run.log",
         "a partial sample committed and not yet continued",
+        cluster=ONE_WORKER,  # one colocated worker: what is tested is the resume
     )
     assert not (run_dir / "summary.json").exists()
     # the resume joins the session's cluster (a fresh one would only cost its start-up)

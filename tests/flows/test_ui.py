@@ -117,6 +117,7 @@ def test_ui_on_any_port_renders_a_run_and_stops_with_sigterm(
                 "2",
                 "--run-dir",
                 str(tmp_path / "run"),
+                "--colocate",  # one worker, not the layout's three: the UI is tested here
             ],
             env={**env, "PREFECT_API_URL": f"{base}/api"},
             capture_output=True,

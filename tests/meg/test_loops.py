@@ -49,7 +49,7 @@ def test_code_repair_unrolls_into_three_rounds_in_order() -> None:
     spec = code_repair()
     assert list(spec.nodes) == ROUNDS
     assert spec.loops == {}  # unrolled: what is left is a plain MEG
-    assert spec.run.select.merges_groups is False
+    assert spec.run.select.policy == "all"
 
 
 def test_code_repair_first_round_is_the_body_as_written() -> None:

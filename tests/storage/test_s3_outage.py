@@ -149,7 +149,7 @@ def test_server_stopped_and_continued_mid_sequence(
     ).table("solver")
     for k in range(6):  # one committed attempt each, its data there: nothing lost or doubled
         (info,) = fresh.segments(step=k)
-        assert fresh.b.listdir(fresh._p("segments", info.segment_id)) == [info.attempt]
+        assert fresh.backend.listdir(fresh._p("segments", info.segment_id)) == [info.attempt]
         np.testing.assert_array_equal(fresh.read(step=k).response_ids, batch(k).response_ids)
 
 

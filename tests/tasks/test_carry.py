@@ -17,6 +17,7 @@ import yaml
 
 from engines.rollout.base import Cut, RolloutBackend, SamplingParams, make_backend
 from meg import MEGSpec, build_spec, validate
+from policies import rollout_policy
 from storage.audit import audit_consistency
 from storage.schema import SampleBatch, SegmentKey
 from tasks.carry import (
@@ -78,7 +79,8 @@ def cut_step(ctx: RunContext, hf: RolloutBackend, step: int) -> tuple[CutResult,
     plans, prompts = plan_prompts(ctx, NODE, step, 0, eps)
     gen = Recorded(hf)
     new = list(zip(plans, prompts, strict=True))
-    return generate_cut(ctx, NODE, step, 0, new, step, SAMPLING, gen), gen
+    quota = rollout_policy(ctx.spec).quota  # april's, as the generate task hands it
+    return generate_cut(ctx, NODE, step, 0, new, step, SAMPLING, gen, quota), gen
 
 
 def commit(ctx: RunContext, step: int, result: CutResult, max_carry: int) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from engines.rollout.base import BadRequestError, Cut, RolloutBackend, SamplingParams
-from tasks.watch import KeepFirst
+from policies.darts import KeepFirst
 
 PROMPTS = [[1, 5, 6, 7]] * 8
 PARAMS = SamplingParams(n=1, temperature=1.0, max_tokens=24, seed=11)

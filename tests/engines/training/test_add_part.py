@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engines.training.accum import Accum
-from engines.training.config import StepMismatchError
+from engines.training.train_config import StepMismatchError
 from engines.training.trainer import AgentTrainer, TrainConfig
 from tests.engines.training.training_helpers import merge, random_batch
 

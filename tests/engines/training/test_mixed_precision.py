@@ -110,7 +110,7 @@ def test_a_bf16_checkpoint_of_old_bf16_tensors_loads_into_fp32_masters(tiny_mode
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_loss_and_logprobs_are_float32(tiny_model: str, dtype: str) -> None:
     from engines.training.batch import token_logprobs
-    from engines.training.config import autocast
+    from engines.training.train_config import autocast
 
     tr = AgentTrainer("a", tiny_model, TrainConfig(dtype=dtype))
     mb = merge(random_batch(seed=3, n=4))

@@ -212,9 +212,10 @@ def test_a_machine_with_gpus_keeps_the_two_worker_cluster_and_says_how_to_choose
 
 @pytest.mark.slow
 def test_train_lays_out_its_own_cluster_for_a_one_agent_job(
-    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tiny_model: str, prefect_server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A real run on the default cluster settings (its own cluster and Prefect server): the
+    """A real run on the default cluster settings (its own cluster; the session's Prefect
+    server, which the layout does not depend on, instead of a server started for it): the
     one-agent job of a small model gets 2 colocated workers (planned for 2 cores) that
     sample and back-propagate (`rollout_gradients: auto` → on, recorded in run.json), and
     says so; its scores are computed inside the generate tasks (`fused_scores`), on the

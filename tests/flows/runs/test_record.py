@@ -67,11 +67,11 @@ def test_a_directory_taken_between_check_and_prepare_is_refused(
 
     cfg = write_config(tmp_path / "cfg", tiny_model)
     params = TrainParams(config=str(cfg), run_dir=str(tmp_path / "run"))
-    check(params)  # the plan `prepare` will reuse
+    settled = check(params)  # what `prepare` will record
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run.json").write_text("{}")  # another run took the directory
     with pytest.raises(RunError, match="already holds a run"):
-        prepare(params)
+        prepare(params, settled)
 
 
 def test_a_save_that_dies_midway_leaves_the_record_it_had(

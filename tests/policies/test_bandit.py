@@ -12,11 +12,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.orchestrator.bandit import BanditSelector, LinUCB, TaskStats, choose, features
 from meg import build_spec, validate
+from policies.bandit import LinUCB, TaskStats, choose, features
 from tasks.context import RunContext
 from tasks.refs import episode_id
-from tests.flows.test_selection import FLAT, VARY, commit, fill, ids, plan
+from tests.policies.test_greso import FLAT, VARY, commit, fill, ids, plan, selector
 from workloads import BUILTIN
 from workloads.datasets import TaskItem
 from workloads.rewards import known_rewards
@@ -89,18 +89,18 @@ def test_the_bandit_replays_informative_prompts_in_place_of_flat_ones(tmp_path: 
     informative ones; the other keeps its never-seen prompt (the bonus: unknown)."""
     ctx = bandit_ctx(tmp_path, replay=1.0)
     task_of = fill_clear(ctx, 6)
-    sel = BanditSelector(ctx, 1, task_of.get, item)
+    sel = selector(ctx, 1, task_of.get, item)
     kept, ref = sel.select(6, plan(6, ["tF1", "tF2"], ["tNew"]))
     assert [len(eps) for eps in kept] == [2, 1]  # as many rollouts as planned
-    assert {t for _, t in ids(kept)[0]} == {"tI1", "tI2"} == set(ref.replayed)
+    assert {t for _, t in ids(kept)[0]} == {"tI1", "tI2"} == set(ref.counts["replayed"])
     assert sorted(ref.skipped) == ["tF1", "tF2"] and ref.planned == 3
     assert [e for e, _ in ids(kept)[0]] == ["k6e0", "k6e1"]  # the planned episode ids
     assert ids(kept)[1] == [("k6e2", "tNew")]  # the pool was used up by the first
-    half = BanditSelector(bandit_ctx(tmp_path, replay=0.5), 1, task_of.get, item)
-    assert len(half.select(6, plan(6, ["tF1", "tF2"], ["tNew"]))[1].replayed) == 1
-    none = BanditSelector(bandit_ctx(tmp_path, replay=0.0), 1, task_of.get, item)
+    half = selector(bandit_ctx(tmp_path, replay=0.5), 1, task_of.get, item)
+    assert len(half.select(6, plan(6, ["tF1", "tF2"], ["tNew"]))[1].counts["replayed"]) == 1
+    none = selector(bandit_ctx(tmp_path, replay=0.0), 1, task_of.get, item)
     kept0, ref0 = none.select(6, plan(6, ["tF1", "tF2"], ["tNew"]))
-    assert ids(kept0) == ids(plan(6, ["tF1", "tF2"], ["tNew"])) and ref0.replayed == ()
+    assert ids(kept0) == ids(plan(6, ["tF1", "tF2"], ["tNew"])) and ref0.counts["replayed"] == ()
 
 
 def test_no_history_changes_nothing_and_re_planning_gives_the_same_choices(
@@ -109,19 +109,19 @@ def test_no_history_changes_nothing_and_re_planning_gives_the_same_choices(
     ctx = bandit_ctx(tmp_path)
     task_of = fill(ctx, range(3))
     planned = plan(3, ["tA", "tB", "tD", "tE"], ["tE", "tA"])
-    fresh = BanditSelector(ctx, 1, task_of.get, item)
+    fresh = selector(ctx, 1, task_of.get, item)
     assert fresh.select(0, plan(0, ["tA"]))[0] == plan(0, ["tA"])  # nothing to learn from yet
-    first = BanditSelector(ctx, 1, task_of.get, item).select(3, planned)
-    replan = BanditSelector(ctx, 1, task_of.get, item)  # a resumed run re-plans 1, 2 first
+    first = selector(ctx, 1, task_of.get, item).select(3, planned)
+    replan = selector(ctx, 1, task_of.get, item)  # a resumed run re-plans 1, 2 first
     for k in (1, 2):
         replan.select(k, plan(k, ["tD"]))
     assert replan.select(3, planned) == first
     fill(ctx, range(3, 4))  # the store runs ahead: step 3 is not history yet
-    assert BanditSelector(ctx, 1, task_of.get, item).select(3, planned) == first
+    assert selector(ctx, 1, task_of.get, item).select(3, planned) == first
 
 
 def test_the_expected_cost_is_a_prompts_mean_tokens_or_the_mean_of_those_seen() -> None:
-    from flows.orchestrator.bandit import expected_cost
+    from policies.bandit import expected_cost
 
     stats = [TaskStats(2, 1, 1.0, 40), TaskStats(1, 1, 1.0, 10), TaskStats(), TaskStats(1, 0, 0, 0)]
     assert expected_cost(stats).tolist() == [20.0, 10.0, 10.0, 1.0]  # unseen: mean(20, 10, 0)

@@ -1,8 +1,8 @@
-"""Which rollout backend is faster on a CPU worker, by model size and batch.
+"""Which rollout engine is faster on a CPU worker, by model size and batch.
 
-    python -m bench.backends [--small] [--json PATH] [--repeats R] [--model DIR ...]
+    python -m bench.rollout_engines [--small] [--json PATH] [--repeats R] [--model DIR ...]
 
-One rollout engine of each backend (`vllm`, vLLM for CPUs; `hf`, our transformers sampling
+One rollout engine of each kind (`vllm`, vLLM for CPUs; `hf`, our transformers sampling
 loop) on one torch thread, as a rollout worker of the default layouts has, generating the
 same prompts with the same `SamplingParams` (n = 4 samples a prompt, temperature 1, a
 seed) from random models of growing size. Calls alternate between the two engines, after
@@ -17,7 +17,7 @@ are random (their outputs run to `max_tokens`, so both engines decode the same l
 only their shapes matter here.
 
 `--model DIR` (repeatable): your own local HF model directories instead of the random
-sizes, to choose a backend for your model on your CPU. A trained model may stop early, and
+sizes, to choose an engine for your model on your CPU. A trained model may stop early, and
 the two engines sample differently, so compare `hf_over_vllm_per_token` (seconds per
 generated token, hf's over vLLM's) there.
 
@@ -47,7 +47,7 @@ HELPS = (
     "the toy model, one batch (tests)",
     "timed calls per engine and batch",
 )  # --small, --repeats
-DEFAULT_JSON = Path(__file__).parent / "results" / "backends.json"
+DEFAULT_JSON = Path(__file__).parent / "results" / "rollout_engines.json"
 
 # name -> build_tiny_model arguments (untied llama; parameters counted from the weights)
 SIZES: dict[str, dict[str, Any]] = {
@@ -192,7 +192,7 @@ def given_models(dirs: Sequence[str]) -> dict[str, Path]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     a = engine_bench_args(
-        "bench.backends",
+        "bench.rollout_engines",
         __doc__,
         DEFAULT_JSON,
         HELPS,

@@ -11,15 +11,15 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from flows.runs.backend import (
+from flows.runs.config import load_config
+from flows.runs.engine_choice import (
     HF_MAX_PARAMETERS,
     HF_MAX_PROMPT_CHARS,
     ModelFacts,
-    choose_backends,
+    choose_engines,
     count_parameters,
     pick,
 )
-from flows.runs.config import load_config
 from flows.runs.resolve import ResolveError, continued
 from flows.train import TrainParams, check
 from meg import MEGSpec
@@ -70,19 +70,19 @@ def test_a_one_node_job_on_a_small_model_gets_hf_and_says_why(
 ) -> None:
     spec = load_config(str(one_node(tmp_path, tiny_model)))
     assert spec.agents["policy"].backend == "auto"  # the MEG's default
-    chosen, [line] = choose_backends(spec, gpus=0, own_cluster=True)
+    chosen, [line] = choose_engines(spec, gpus=0, own_cluster=True)
     assert chosen.agents["policy"].backend == "hf"
     assert line.startswith("backend: hf for policy: 0.5 M parameters, prompts of at most 10")
-    assert choose_backends(spec, gpus=1, own_cluster=True)[0].agents["policy"].backend == "vllm"
+    assert choose_engines(spec, gpus=1, own_cluster=True)[0].agents["policy"].backend == "vllm"
     mine = load_config(str(one_node(tmp_path, tiny_model, backend="vllm")))
-    assert choose_backends(mine, gpus=0, own_cluster=True) == (mine, [])  # theirs, untouched
+    assert choose_engines(mine, gpus=0, own_cluster=True) == (mine, [])  # theirs, untouched
 
 
 def test_long_prompts_keep_vllm(tmp_path: Path, tiny_model: str) -> None:
     data = yaml.safe_load(one_node(tmp_path, tiny_model).read_text())
     data["nodes"]["solve"]["template"] = "Work it out step by step. " * 6 + "Q: {question}=\nA:"
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(data))
-    chosen, [line] = choose_backends(load_config(str(tmp_path / "long.yaml")), 0, True)
+    chosen, [line] = choose_engines(load_config(str(tmp_path / "long.yaml")), 0, True)
     assert chosen.agents["policy"].backend == "vllm" and "run over 128 characters" in line
 
 
@@ -95,7 +95,7 @@ def test_the_agents_of_one_model_share_one_choice(tmp_path: Path, tiny_model: st
     for agent in data["agents"].values():
         del agent["backend"]
     (tmp_path / "chain.yaml").write_text(yaml.safe_dump(data))
-    chosen, [line] = choose_backends(load_config(str(tmp_path / "chain.yaml")), 0, True)
+    chosen, [line] = choose_engines(load_config(str(tmp_path / "chain.yaml")), 0, True)
     assert {a.backend for a in chosen.agents.values()} == {"vllm"}
     assert line.startswith("backend: vllm for solver, verifier: a node of its agents reads")
 
@@ -103,7 +103,7 @@ def test_the_agents_of_one_model_share_one_choice(tmp_path: Path, tiny_model: st
     other.symlink_to(Path(tiny_model), target_is_directory=True)
     data["agents"]["solver"]["model"] = str(other)
     (tmp_path / "split.yaml").write_text(yaml.safe_dump(data))
-    chosen, lines = choose_backends(load_config(str(tmp_path / "split.yaml")), 0, True)
+    chosen, lines = choose_engines(load_config(str(tmp_path / "split.yaml")), 0, True)
     assert chosen.agents["solver"].backend == "hf" and chosen.agents["verifier"].backend == "vllm"
     assert len(lines) == 2
 
@@ -113,7 +113,7 @@ def test_speculative_rollout_gets_hf_even_with_gpus(tmp_path: Path, tiny_model: 
     data["run"]["rollout"] = {"policy": "srt", "draft": 2}
     (tmp_path / "srt.yaml").write_text(yaml.safe_dump(data))
     spec = load_config(str(tmp_path / "srt.yaml"))
-    chosen, [line] = choose_backends(spec, gpus=2, own_cluster=False)
+    chosen, [line] = choose_engines(spec, gpus=2, own_cluster=False)
     assert chosen.agents["policy"].backend == "hf" and "srt" in line
 
 
@@ -122,14 +122,14 @@ def test_a_planned_run_records_the_choice_and_its_source(
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the CPU rule, on any machine
     cfg = str(one_node(tmp_path, tiny_model))
-    run = check(TrainParams(config=cfg, run_dir=str(tmp_path / "run")))
-    assert run.ctx.spec.agents["policy"].backend == "hf"
-    assert run.sources["agents.policy.backend"] == "auto"
-    assert [n.split(":")[0] for n in run.notes] == ["backend"]
+    settled = check(TrainParams(config=cfg, run_dir=str(tmp_path / "run")))
+    assert settled.run.ctx.spec.agents["policy"].backend == "hf"
+    assert settled.run.sources["agents.policy.backend"] == "auto"
+    assert settled.notes[0].startswith("backend: hf for policy")  # then the layout's, ...
     theirs = TrainParams.model_validate(
         {"config": cfg, "run_dir": str(tmp_path / "run2"), "cluster": {"scheduler": "x:1"}}
     )
-    remote = check(theirs)
+    remote = check(theirs).run
     assert remote.ctx.spec.agents["policy"].backend == "vllm"  # devices unknown from here
 
 
@@ -138,7 +138,7 @@ def test_a_resume_keeps_the_recorded_backend(tmp_path: Path, tiny_model: str) ->
     stands; a backend written in it that differs is refused, named."""
     cfg = one_node(tmp_path, tiny_model)
     spec: MEGSpec = load_config(str(cfg))
-    recorded, _ = choose_backends(spec, gpus=0, own_cluster=True)
+    recorded, _ = choose_engines(spec, gpus=0, own_cluster=True)
     assert continued(recorded, {}, spec) is recorded
     assert json.loads(recorded.model_dump_json())["agents"]["policy"]["backend"] == "hf"
     changed = load_config(str(one_node(tmp_path, tiny_model, backend="vllm")))

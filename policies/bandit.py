@@ -13,7 +13,7 @@ as were planned, at most `replay` of them from the pool (a prompt at most once p
 A replayed prompt is rolled out afresh by the current policy: what is replayed is the
 prompt, never an old trajectory, so the consistency rule is untouched.
 
-Determinism, as for GRESO (`selection.py`): step k is chosen from the history of the steps
+Determinism, as for GRESO (`policies.greso`): step k is chosen from the history of the steps
 up to k - window, ingested in step order; ties keep the planned order. A resumed run
 re-plans its earlier steps from the same committed history to the same choices.
 """
@@ -21,16 +21,16 @@ re-plans its earlier steps from the same committed history to the same choices.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from flows.orchestrator.selection import SelectRef, episode_rows
 from meg.policies import BanditSelect
-from tasks.context import RunContext
-from tasks.refs import Episode
-from workloads.datasets import TaskItem
+from policies._history import HistorySelector, episode_rows
+from policies.base import SELECTIONS, Selection, SelectRef
+from storage.schema import SampleBatch
+from workloads.datasets import Episode
 
 log = logging.getLogger(__name__)
 
@@ -104,47 +104,33 @@ def choose(
     return sorted([(i, planned[i]) for i in kept_planned] + list(zip(free, replayed, strict=False)))
 
 
-class BanditSelector:
-    """Plans which prompts a step rolls out (the `Selector` interface of `selection.py`)."""
+class BanditSelector(HistorySelector[BanditSelect]):
+    """Plans which prompts a step rolls out (a `policies.base.Selector`)."""
 
-    def __init__(
-        self,
-        ctx: RunContext,
-        window: int,
-        task_of: Callable[[str], str | None],
-        item_of: Callable[[str], TaskItem],
-    ) -> None:
-        assert isinstance(ctx.spec.run.select, BanditSelect)
-        self.ctx, self.window, self.task_of, self.item_of = ctx, window, task_of, item_of
-        self.policy = ctx.spec.run.select
-        self.nodes = [n for n in ctx.spec.nodes if n in ctx.spec.rewards]
+    def start(self) -> None:
         self.stats: dict[str, TaskStats] = {}
         self.ucb = LinUCB(len(features(TaskStats())), self.policy.ridge, self.policy.alpha)
-        self.ingested = -1
 
-    def ingest(self, upto: int) -> None:
-        """Learn from every step up to `upto` not read yet: each episode's context (its
-        prompt's stats before it) and payoff (informative or not), then its stats."""
-        for s in range(self.ingested + 1, upto + 1):
-            rows = episode_rows(self.ctx, self.nodes, s)
-            for episode, (informative, reward, tokens) in rows.items():
-                task = self.task_of(episode)
-                if task is None:
-                    continue
-                st = self.stats.setdefault(task, TaskStats())
-                self.ucb.update(features(st), float(informative))
-                st.seen += 1
-                st.informative += int(informative)
-                st.reward_sum += reward
-                st.tokens += tokens
-        self.ingested = max(self.ingested, upto)
+    def learn(self, step: int, batches: Mapping[str, SampleBatch]) -> None:
+        """Each episode's context (its prompt's stats before it) and payoff (informative or
+        not), then its stats."""
+        for episode, (informative, reward, tokens) in episode_rows(batches).items():
+            task = self.task_of(episode)
+            if task is None:
+                continue
+            st = self.stats.setdefault(task, TaskStats())
+            self.ucb.update(features(st), float(informative))
+            st.seen += 1
+            st.informative += int(informative)
+            st.reward_sum += reward
+            st.tokens += tokens
 
     def select(
         self, k: int, planned: list[tuple[Episode, ...]]
     ) -> tuple[list[tuple[Episode, ...]], SelectRef]:
         self.ingest(k - self.window)
         if not self.stats:  # no history yet: the planned prompts as they are
-            return planned, SelectRef(k, sum(map(len, planned)), ())
+            return planned, SelectRef(k, sum(map(len, planned)), {"skipped": (), "replayed": ()})
         in_step = {item.id for eps in planned for _, item in eps}
         pool = sorted(t for t, s in self.stats.items() if s.informative and t not in in_step)
         candidates = sorted(in_step) + pool
@@ -172,4 +158,11 @@ class BanditSelector:
                 len(replayed),
                 ", ".join(replayed[:8]),
             )
-        return out, SelectRef(k, sum(map(len, planned)), tuple(skipped), tuple(replayed))
+        counts = {"skipped": tuple(skipped), "replayed": tuple(replayed)}
+        return out, SelectRef(k, sum(map(len, planned)), counts)
+
+
+@SELECTIONS.register("bandit")
+@dataclass(frozen=True)
+class Bandit(Selection[BanditSelect]):
+    planner = BanditSelector
