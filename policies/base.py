@@ -179,5 +179,6 @@ def _modules() -> tuple[str, ...]:
     )
 
 
-ROLLOUTS: Registry[type[Rollout[Any]]] = Registry("rollout policy", builtins=_modules())
-SELECTIONS: Registry[type[Selection[Any]]] = Registry("selection policy", builtins=_modules())
+BUILTINS = _modules()  # each registers its policy in one of the two registries below
+ROLLOUTS: Registry[type[Rollout[Any]]] = Registry("rollout policy", builtins=BUILTINS)
+SELECTIONS: Registry[type[Selection[Any]]] = Registry("selection policy", builtins=BUILTINS)
