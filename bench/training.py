@@ -1,6 +1,6 @@
 """Training Engine benchmark: train throughput, state swap cost, accumulation overhead.
 
-    python -m bench.training [--small] [--json PATH] [--only {all,train,memory}]
+    python -m bench.training [--small] [--json PATH] [--only {all,train,memory,packing}]
 
 Keys (all measured in one run, medians over repetitions):
 - `train_tok_s`: tokens/s of forward+backward+AdamW on one slot (all non-pad tokens).
@@ -24,6 +24,9 @@ Keys (all measured in one run, medians over repetitions):
   `logprob_ms_new` / `logprob_ms_full`: wall time of that forward + backward (one run);
   `logprob_sum_rel_diff`: |Σ new − Σ full| / |Σ full| over the response logprobs.
   Full size needs ~15 GB for the reference: `--only memory` runs just this part.
+- `packed_train_speedup` (target ≥ 1.5) / `padding_share`: padding-free training
+  (`optim.packing: by_length`) over the padded path on the longtail workload's lengths,
+  `bench/training_packing.py` (`--only packing` runs just this part).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config
 
 from bench.rss import RssSampler, maxrss_bytes, reset_peak_rss, rss_bytes
+from bench.training_packing import run_packing
 from engines.training.batch import (
     TrainMicroBatch,
     _token_logprobs_full,
@@ -292,6 +296,8 @@ def run(size: str, threads: int, only: str = "all") -> dict[str, float | str | i
         out |= run_train(size, threads)
     if only in ("all", "memory"):
         out |= bench_logprob_memory(size, threads)
+    if only in ("all", "packing"):
+        out |= run_packing(size, threads)
     return out
 
 
@@ -339,9 +345,10 @@ def main(argv: list[str] | None = None) -> dict[str, float | str | int]:
     )
     ap.add_argument(
         "--only",
-        choices=("all", "train", "memory"),
+        choices=("all", "train", "memory", "packing"),
         default="all",
-        help="train: throughput/swap keys; memory: the logprob peak-memory comparison",
+        help="train: throughput/swap keys; memory: the logprob peak-memory comparison; "
+        "packing: padding-free over padded training on the longtail lengths",
     )
     args = ap.parse_args(argv)
     old_threads = torch.get_num_threads()

@@ -37,6 +37,14 @@ class OptimSpec(Frozen):
     grad_clip: float = Field(
         1.0, ge=0.0, description="Max global gradient norm; 0 disables clipping."
     )
+    packing: Literal["none", "by_length"] = Field(
+        "by_length",
+        description="How a micro-batch's rows go through the model: `by_length` (rows of "
+        "similar length grouped, each group padded only to its own longest row; the same "
+        "loss, gradients and metrics as `none`, less compute on ragged lengths) or `none` "
+        "(every row padded to the micro-batch's longest). "
+        "docs/training.md#padding-free-training",
+    )
 
 
 class EchoSpec(Frozen):
@@ -81,8 +89,9 @@ class LossSpec(Frozen):
     old_logprobs: str = Field(
         "recompute",
         description="PPO anchor: `recompute` (the trainer's own logprobs before the update, "
-        "plus a truncated importance weight for the sampler gap) or `behaviour` (the "
-        "sampler's stored logprobs).",
+        "plus a truncated importance weight for the sampler gap), `behaviour` (the "
+        "sampler's stored logprobs) or `sparse_rl` (recompute with Sparse-RL's rejection and "
+        "reweighting, for the `sparse` rollout policy).",
     )
     is_cap: float = Field(
         2.0, ge=1.0, description="Cap of the truncated importance weight (recompute anchor)."

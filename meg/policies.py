@@ -32,6 +32,10 @@ async staleness.
   its prompt (its siblings', and the engine's last `history` of that prompt) and the policy
   verifies them in one forward pass; the sampled distribution is exactly the policy's, in
   fewer passes, on the `hf` backend; nodes of no more tokens than a draft sample plainly.
+- `sparse` (Sparse-RL's sparse-KV rollout): each sequence decodes with a bounded KV cache
+  of `budget` entries per layer and KV head (the first `sinks`, the last `window`, and the
+  entries the recent queries attended most), on the `hf` backend; the agents' loss must be
+  `old_logprobs: sparse_rl`, which corrects for the sampler not being the dense policy.
 - `all` (default selection): every planned prompt is rolled out.
 - `bandit` (contextual rollout bandit): a LinUCB over each prompt's history (how often its
   episodes taught something, its mean reward, how often it was seen) ranks a step's planned
@@ -126,6 +130,38 @@ class SpeculativeRollout(FullRollout):
     history: int = Field(
         16, ge=0, le=256, description="Earlier completions of each prompt kept to draft from."
     )
+
+
+class SparseRollout(FullRollout):
+    """Decode with a bounded KV cache per sequence (Sparse-RL): less rollout memory, a
+    sampler that is not the dense policy, corrected in the loss (`sparse_rl` anchor)."""
+
+    policy: Literal["sparse"]  # type: ignore[assignment]
+    budget: int = Field(
+        64, ge=2, le=65536, description="KV entries a sequence keeps per layer and KV head."
+    )
+    sinks: int = Field(4, ge=0, le=256, description="First entries always kept (attention sinks).")
+    window: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Last entries always kept; their queries' attention scores the rest.",
+    )
+    every: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Entries added past the budget before the cache is cut back to it.",
+    )
+
+    @model_validator(mode="after")
+    def _fits(self) -> SparseRollout:
+        if self.sinks + self.window > self.budget:
+            raise ValueError(
+                f"sinks + window ({self.sinks} + {self.window}) exceed the budget "
+                f"({self.budget}): raise `budget` or lower `sinks` / `window`"
+            )
+        return self
 
 
 class AllPrompts(_Policy):
@@ -230,9 +266,17 @@ def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:
 
 
 RolloutPolicy = Annotated[
-    FullRollout | AprilRollout | RollVerify | DartsRollout | SpeculativeRollout,
+    FullRollout | AprilRollout | RollVerify | DartsRollout | SpeculativeRollout | SparseRollout,
     Field(discriminator="policy"),
-    _named("rollout", FullRollout, AprilRollout, RollVerify, DartsRollout, SpeculativeRollout),
+    _named(
+        "rollout",
+        FullRollout,
+        AprilRollout,
+        RollVerify,
+        DartsRollout,
+        SpeculativeRollout,
+        SparseRollout,
+    ),
 ]
 SelectPolicy = Annotated[
     AllPrompts | GresoSelect | BanditSelect | SeraSelect,

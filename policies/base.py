@@ -3,11 +3,11 @@ behaviour by the `policy:` tag of its YAML model (`meg.policies`).
 
 A *rollout* policy decides how a step samples: how many episodes a micro-batch launches
 for those it trains (`launched`, `quota`), how a node's requests are sampled — plainly in
-one batch, under a `Watch` that stops single requests (`watch`), or speculatively
-(`speculation`) — which agents only the `hf` engine can serve (`hf_only`), and what is wrong
-with a MEG that asks for it (`problems`). The cut-and-carry of partial rollouts is a
-mechanism (`tasks.carry`) driven by the model's `carry_limit`, a setting the consistency
-rule reads like the async staleness.
+one batch, under a `Watch` that stops single requests (`watch`), speculatively
+(`speculation`) or from a bounded KV cache (`kv_budget`) — which agents only the `hf`
+engine can serve (`hf_only`), and what is wrong with a MEG that asks for it (`problems`).
+The cut-and-carry of partial rollouts is a mechanism (`tasks.carry`) driven by the model's
+`carry_limit`, a setting the consistency rule reads like the async staleness.
 
 A *selection* policy decides which prompts a step rolls out: its `selector` plans each
 step's micro-batches from the run's history and reports what it did as counts
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from engines.rollout.base import Speculation, Watch
+from engines.rollout.base import SparseKV, Speculation, Watch
 from meg import MEGSpec
 from meg.policies import AllPrompts, FullRollout
 from meg.registry import Registry
@@ -69,6 +69,10 @@ class Rollout(Generic[R]):
 
     def speculation(self, max_tokens: int) -> Speculation | None:
         """How a node of `max_tokens` drafts and verifies (None: it decodes plainly)."""
+        return None
+
+    def kv_budget(self, max_tokens: int) -> SparseKV | None:
+        """The bounded KV cache a node of `max_tokens` decodes with (None: the full one)."""
         return None
 
     def watch(self, node: NodeRequests) -> tuple[Watch, int] | None:

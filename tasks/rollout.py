@@ -196,6 +196,7 @@ def sampling_for(ctx: RunContext, node: str, step: int, mb: int) -> SamplingPara
         seed=seed,
         stop_token_ids=(eos,) if eos is not None else (),
         speculate=rollout_policy(spec).speculation(max_tokens),
+        sparse_kv=rollout_policy(spec).kv_budget(max_tokens),
     )
 
 

@@ -1,9 +1,11 @@
-"""Session-wide real components shared by several test folders."""
+"""Session-wide real components shared by several test folders (a Prefect server, a Dask
+cluster, the long-tail model), and the suite's order and CPU report."""
 
 from __future__ import annotations
 
 import os
 import resource
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,3 +110,46 @@ def prefect_server() -> Iterator[str]:
         os.environ["PREFECT_API_URL"] = url  # the Dask workers inherit it
         yield url
         os.environ.pop("PREFECT_API_URL", None)
+
+
+@pytest.fixture(scope="session")
+def cluster(prefect_server: str) -> Iterator[str]:
+    """Scheduler address of a local cluster started exactly as `flexmarl train` starts one
+    (1 rollout + 1 training worker). One per test process, shared by the flows tests and the
+    benchmarks' shared-cluster arms, run after run as on any long-lived cluster (each run has
+    its own store; hosts are keyed by run): a second cluster per process cost its start and
+    its engines' warm-up again."""
+    from flows.cluster.start import ClusterConfig, dask_cluster
+
+    with dask_cluster(ClusterConfig()) as workers:
+        yield workers.address
+
+
+LONGTAIL_WARM_STEPS = 30
+
+
+@pytest.fixture(scope="session")
+def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny model warm-started `LONGTAIL_WARM_STEPS` steps on the long-tail format: it ends
+    its lists at varied lengths (the seed-0 tiny model almost never ends a response, so
+    nothing is cut or drafted), what the policy runs and the engine benchmarks need.
+
+    Built once per `pytest` run (a minute of CPU): under xdist the first worker that needs it
+    builds it in the folder above the workers' own temporary folders, under a file lock,
+    while the other waits and then reads the same files (never written to). A build cut
+    short leaves only its `.part-PID` folder: the model is renamed into place whole."""
+    from filelock import FileLock
+
+    from bench.longtail import build_model
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the session's folder, shared by every worker
+        root = root.parent
+    done = root / f"longtail-warm{LONGTAIL_WARM_STEPS}"
+    with FileLock(str(done) + ".lock"):
+        if not done.is_dir():
+            part = root / f"{done.name}.part-{os.getpid()}"
+            shutil.rmtree(part, ignore_errors=True)
+            build_model("longtail", part, LONGTAIL_WARM_STEPS)
+            part.rename(done)
+    return str(done / "model-longtail")

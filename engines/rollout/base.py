@@ -82,6 +82,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     speculate: Speculation | None = None  # draft from earlier rollouts (hf backend only)
+    sparse_kv: SparseKV | None = None  # a bounded KV cache per sequence (hf backend only)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -110,6 +111,25 @@ class Speculation:
     def __post_init__(self) -> None:
         if self.draft < 1 or self.match < 1 or self.history < 0:
             raise BadRequestError(f"Speculation needs draft, match >= 1, history >= 0: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class SparseKV:
+    """Sparse-KV rollout (Sparse-RL, `engines.rollout.sparse_kv`): each layer's cache keeps
+    at most `budget` entries per sequence and KV head — the first `sinks` (attention sinks),
+    the last `window` (the recent tokens, whose queries also score the rest) and the entries
+    those queries attended most — compressed each time `every` entries were added past it."""
+
+    budget: int = 64
+    sinks: int = 4
+    window: int = 8
+    every: int = 8
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0 or self.window < 1 or self.every < 1:
+            raise BadRequestError(f"SparseKV needs sinks >= 0, window >= 1, every >= 1: {self}")
+        if self.sinks + self.window > self.budget:
+            raise BadRequestError(f"SparseKV: sinks + window exceed the budget: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +226,8 @@ def check_request(
     watch: Watch | None,
 ) -> None:
     """What every backend's `generate` checks before it samples: the prompts fit the model
-    (`check_prompts`), a cut or a watch (not both) fits the batch, and a speculative rollout
-    comes without either (it stops no request)."""
+    (`check_prompts`), a cut or a watch (not both) fits the batch, and a speculative or
+    sparse-KV rollout comes without either (they stop no request)."""
     check_prompts(prompts, context, vocab)
     if cut is not None:
         cut.check(len(prompts), params)
@@ -215,6 +235,10 @@ def check_request(
         check_watch(watch, cut, params)
     if params.speculate is not None and (cut is not None or watch is not None):
         raise BadRequestError("speculative rollout stops no request: no cut or watch")
+    if params.sparse_kv is not None and (
+        cut is not None or watch is not None or params.speculate is not None
+    ):
+        raise BadRequestError("a sparse-KV rollout takes no cut, watch or speculation")
 
 
 @dataclass(frozen=True, slots=True)

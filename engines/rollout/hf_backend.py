@@ -42,6 +42,7 @@ from engines.rollout.base import (
     register_backend,
 )
 from engines.rollout.sampling import draw_rows, leave, left_pad, processed_logits, repeat_rows
+from engines.rollout.sparse_kv import sparse_sample
 from engines.rollout.speculative import DraftHistory, speculative_sample
 
 SYNC_EVERY = 8  # tokens between two looks at "all rows done" on a GPU
@@ -89,6 +90,7 @@ class HFBackend:
         self.sync_every = 1 if self.device.type == "cpu" else SYNC_EVERY
         self.drafts = DraftHistory()  # earlier completions per prompt (speculative rollout)
         self.passes = 0  # forward passes of the last speculative call
+        self.kv_bytes: list[int] = []  # each sequence's peak KV bytes, last sparse-KV call
         # finished rows leave the batch, in the plain loop and in speculative decoding
         # (bench.srt turns it off to measure what it saves)
         self.compact = True
@@ -110,6 +112,11 @@ class HFBackend:
                 return []
             if params.speculate is not None:
                 return self._speculate(prompts, params)
+            if params.sparse_kv is not None:  # Sparse-RL (`engines.rollout.sparse_kv`)
+                stop = set(self._eos) | set(params.stop_token_ids)
+                got = sparse_sample(self.model, prompts, params, self._context, stop)
+                self.kv_bytes = got.kv_bytes
+                return got.completions
             return self._sample(prompts, params, cut, watch)
 
     @torch.no_grad()

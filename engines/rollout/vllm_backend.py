@@ -218,6 +218,11 @@ class VLLMBackend:
                 "speculative rollout (run.rollout: srt) drafts on the hf backend only; "
                 "vLLM's own n-gram speculation is not wired in (docs/rollout-policies.md, SRT)"
             )
+        if params.sparse_kv is not None:
+            raise BadRequestError(
+                "sparse-KV rollout (run.rollout: sparse) compresses the cache on the hf backend "
+                "only; vLLM's paged cache has no per-sequence eviction (docs/rollout-policies.md)"
+            )
         lora = None if adapter is None else self._lora(adapter)
         if not prompts:
             return []

@@ -264,6 +264,22 @@ def token_logprobs(
     hidden = out_dec[0]  # (b,T,H) last_hidden_state (ModelOutput or tuple)
     h = hidden[rows, cols - 1]  # (N,H): position t-1 predicts token t
     targets = input_ids[rows, cols]  # (N,)
+    picked = head_logprobs(model, head, h, targets, temperature, chunk_tokens)  # (N,)
+    return out.index_put((rows, cols), picked)
+
+
+def head_logprobs(
+    model: torch.nn.Module,
+    head: torch.nn.Module,
+    h: Tensor,  # (N,H) hidden states of the predicting positions
+    targets: Tensor,  # (N,) long
+    temperature: float,
+    chunk_tokens: int,
+) -> Tensor:  # (N,) float32
+    """Steps 3–4 of `token_logprobs`: the lm_head in checkpointed chunks of `chunk_tokens`
+    rows, with `model`'s logit post-processing; each row is independent of the others, so
+    the rows may come in any order (`packing.grouped_token_logprobs` gathers them from
+    several backbone passes)."""
     scale, softcap = _logit_transform(model)
     parts = []
     for s in range(0, h.shape[0], chunk_tokens):
@@ -279,8 +295,7 @@ def token_logprobs(
                 use_reentrant=False,
             )
         )
-    picked = torch.cat(parts) if len(parts) > 1 else parts[0]  # (N,)
-    return out.index_put((rows, cols), picked)
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _token_logprobs_full(

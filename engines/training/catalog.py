@@ -26,7 +26,11 @@ REGISTRIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "AGGREGATIONS",
         ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     ),
-    "old_logprobs": ("engines.training.losses", "ANCHORS", ("behaviour", "recompute")),
+    "old_logprobs": (
+        "engines.training.losses",
+        "ANCHORS",
+        ("behaviour", "recompute", "sparse_rl"),
+    ),
     "credit": ("engines.training.turn_credit", "CREDITS", ("crbc", "episode", "turn")),
 }
 

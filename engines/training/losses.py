@@ -20,6 +20,9 @@ spec, see `engines/training/trainer.py`):
   `is_weights = min(exp(logπ_old − logμ), cap)`, detached (TIS; TRL's
   `vllm_importance_sampling_cap`, verl's `tis_imp_ratio_cap`; AReaL's decoupled PPO uses the
   same split between a proximal anchor and the behaviour policy).
+- `sparse_rl`: `recompute`'s anchor for rollouts sampled from a compressed KV cache (the
+  `sparse` rollout policy): the weight is Sparse-RL's rejection and reweighting
+  (`SparseCorrection`) instead of the truncation.
 
 The log-ratio is clamped to ±LOG_RATIO_CLAMP (as verl) before `exp`, so one stale or
 mis-sampled token cannot overflow to inf, whose product with a zero advantage is NaN and would
@@ -30,6 +33,7 @@ micro-batch (diagnostics only; they never enter a gradient).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -179,26 +183,73 @@ def policy_loss(
 
 
 # ---- the PPO anchor ----------------------------------------------------------------------
-AnchorFn = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor | None]]
+AnchorFn = Callable[[Tensor, Tensor, float, Tensor], tuple[Tensor, Tensor | None]]
 ANCHORS: Registry[AnchorFn] = Registry("old-logprobs anchor")
 
 
 @ANCHORS.register("behaviour")
-def _behaviour_anchor(logprobs: Tensor, behaviour: Tensor, cap: float) -> tuple[Tensor, None]:
+def _behaviour_anchor(
+    logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
+) -> tuple[Tensor, None]:
     """Anchor on the sampler's stored logprobs; no separate importance weight."""
     return behaviour, None
 
 
 @ANCHORS.register("recompute")
-def _recompute_anchor(logprobs: Tensor, behaviour: Tensor, cap: float) -> tuple[Tensor, Tensor]:
+def _recompute_anchor(
+    logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
+) -> tuple[Tensor, Tensor]:
     """Anchor on the trainer's own logprobs before the update (= this forward pass, detached:
     one optimizer step per batch), and correct the sampler gap with a truncated IS weight."""
     old = logprobs.detach()
     return old, truncated_is_weights(old, behaviour, cap)
 
 
+@dataclass(frozen=True, slots=True)
+class SparseCorrection:
+    """Sparse-RL's correction of rollouts sampled from a compressed KV cache, on the ratio
+    ξ_t = π_old(o_t | o_<t) / π_sparse(o_t | M(o_<t)) of the dense old policy to the sparse
+    sampler (the values of the paper's released configuration):
+
+    - rejection: a sequence with any token's ξ_t below `reject_below` is dropped whole (the
+      sparse sampler wrote a token the dense policy would almost never write: the rest of
+      that sequence follows a context the dense policy does not reach);
+    - reweighting: a kept token is weighted by ξ_t when ξ_t lies in [`low`, `high`], and
+      masked (weight 0) outside it."""
+
+    reject_below: float = 1e-4
+    low: float = 0.5
+    high: float = 1.5
+
+
+SPARSE_RL = SparseCorrection()
+
+
+def sparse_rl_weights(
+    anchor: Tensor, behaviour: Tensor, mask: Tensor, c: SparseCorrection = SPARSE_RL
+) -> Tensor:
+    """Per-token weights (B,T), detached, of `SparseCorrection` `c`, each row one sequence:
+    ξ on the kept tokens of kept sequences, 0 elsewhere (and off `mask`)."""
+    xi = torch.exp((anchor - behaviour).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B,T)
+    on = mask > 0
+    rejected = ((xi < c.reject_below) & on).any(dim=-1, keepdim=True)  # (B,1)
+    keep = on & (xi >= c.low) & (xi <= c.high) & ~rejected
+    return torch.where(keep, xi, torch.zeros_like(xi)).detach()
+
+
+@ANCHORS.register("sparse_rl")
+def _sparse_rl_anchor(
+    logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`recompute`'s dense anchor, with Sparse-RL's rejection and reweighting in place of
+    the truncated weight (`cap` is not read: the band's upper end bounds the weight)."""
+    old = logprobs.detach()
+    return old, sparse_rl_weights(old, behaviour, mask)
+
+
 def anchor(
-    name: str, logprobs: Tensor, behaviour: Tensor, cap: float
+    name: str, logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
 ) -> tuple[Tensor, Tensor | None]:
-    """(old_logprobs (B,T), is_weights (B,T) or None) for anchor `name`."""
-    return ANCHORS.get(name)(logprobs, behaviour, cap)
+    """(old_logprobs (B,T), is_weights (B,T) or None) for anchor `name`; `mask` (B,T): the
+    response tokens, one sequence a row."""
+    return ANCHORS.get(name)(logprobs, behaviour, cap, mask)

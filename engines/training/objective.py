@@ -17,7 +17,7 @@ def token_objective(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """(loss per token (b,T), detached diagnostics) for `logp` = log πθ of `mb`'s tokens
     (b,T); `ref`: the reference logprobs when `cfg.kl_coef` > 0."""
-    old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap)
+    old, is_weights = anchor(cfg.old_logprobs, logp, mb.old_logprobs, cfg.is_cap, mb.response_mask)
     loss_tok, metrics = policy_loss(
         cfg.policy_loss,
         logp,

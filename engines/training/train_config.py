@@ -14,6 +14,7 @@ from engines.training.advantages import ADVANTAGES
 from engines.training.aggregate import AGGREGATIONS
 from engines.training.lora import LoraConfig
 from engines.training.losses import ANCHORS, POLICY_LOSSES
+from engines.training.packing import check_packing
 from meg.agent_spec import AgentSpec, LossSpec, OptimSpec, SamplingSpec
 
 DTYPES: dict[str, torch.dtype] = {
@@ -52,6 +53,7 @@ class TrainConfig:
     betas: tuple[float, float] = _OPTIM.betas
     weight_decay: float = _OPTIM.weight_decay
     grad_clip: float = _OPTIM.grad_clip  # max global grad norm; 0 disables clipping
+    packing: str = _OPTIM.packing  # how a micro-batch's rows are batched (packing.PACKINGS)
     advantage: str = _LOSS.advantage
     policy_loss: str = _LOSS.policy_loss
     aggregation: str = _LOSS.aggregation
@@ -73,6 +75,7 @@ class TrainConfig:
         POLICY_LOSSES.get(self.policy_loss)
         AGGREGATIONS.get(self.aggregation)
         ANCHORS.get(self.old_logprobs)
+        check_packing(self.packing)
         if self.dtype not in DTYPES:
             raise ValueError(f"TrainConfig.dtype {self.dtype!r} unknown; known: {sorted(DTYPES)}")
         if self.lr <= 0 or self.clip_eps <= 0 or self.grad_clip < 0 or self.kl_coef < 0:

@@ -30,11 +30,12 @@ batch: the task layer re-accumulates the missing micro-batches from the store fi
 Numerics (docs/models.md): forward passes run in `eval()` mode (dropout off: a dropout mask
 would make the trainer's logprobs a different policy from the sampler's, biasing every ratio);
 logprobs are `log_softmax(logits / T)` at the agent's sampling temperature, over response
-positions only (`token_logprobs`); the PPO anchor is chosen per agent (`old_logprobs`, see
-losses.py). Mixed precision: trainable weights, their gradients and AdamW's moments are
-float32 masters whatever the agent's `dtype`; a bfloat16 agent computes its forward under
-`torch.autocast` (config.autocast) and publishes bf16 weights (`weights()`), so an update at
-lr 1e-6 is kept in the masters instead of rounding away in a bf16 parameter.
+positions only (`token_logprobs`), rows grouped by length (`packing.py`); the PPO anchor is
+chosen per agent (`old_logprobs`, see losses.py). Mixed precision: trainable weights, their
+gradients and AdamW's moments are float32 masters whatever the agent's `dtype`; a bfloat16
+agent computes its forward under `torch.autocast` (config.autocast) and publishes bf16
+weights (`weights()`), so an update at lr 1e-6 is kept in the masters instead of rounding
+away in a bf16 parameter.
 With `kl_coef > 0` the reference logprobs come from the agent's initial policy: a frozen
 copy shared by every trainer of the same (model, dtype, device) in the process, or for a
 LoRA agent the shared base with the adapters off.
@@ -73,9 +74,10 @@ from engines.training.accum import (
     part_rng,
 )
 from engines.training.aggregate import aggregate
-from engines.training.batch import TrainMicroBatch, token_logprobs
+from engines.training.batch import TrainMicroBatch
 from engines.training.catalog import zero_at_zero_advantage
 from engines.training.objective import sample_diagnostics, token_objective
+from engines.training.packing import policy_logprobs
 from engines.training.reference import reference_model
 from engines.training.train_config import (
     DTYPES,
@@ -233,13 +235,7 @@ class AgentTrainer:
         rng = part_rng(cfg.seed, self.version, part, self.device) if part is not None else None
         with self.policy.active(dropout=True), rng or nullcontext():
             with autocast(self.device, cfg.dtype):
-                logp = token_logprobs(  # (b,T) float32, 0 off the response
-                    self.model,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.response_mask,
-                    temperature=cfg.temperature,
-                )
+                logp = self._logprobs(self.model, mb)  # (b,T) float32, 0 off the response
             loss_tok, metrics = token_objective(cfg, logp, mb, ref)
             if mb.echo_mask is not None and cfg.echo_coef:
                 acc.echo_tokens += int(mb.echo_mask.sum())
@@ -298,15 +294,16 @@ class AgentTrainer:
         Full weights: a frozen copy of the initial model, shared per (model, dtype, device).
         LoRA: the shared base with the adapters off (B = 0 at init: the same policy)."""
         with autocast(self.device, self.config.dtype):
-            return self.policy.reference(
-                lambda module: token_logprobs(
-                    module,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.response_mask,
-                    temperature=self.config.temperature,
-                )
-            )
+            return self.policy.reference(lambda module: self._logprobs(module, mb))
+
+    def _logprobs(self, module: nn.Module, mb: TrainMicroBatch) -> Tensor:
+        """log π of `mb`'s response tokens (b,T) under `module`, batched as the agent's
+        `packing` says (padded, or by length: the same values, `packing.py`)."""
+        cfg = self.config
+        ids, attn, resp = mb.input_ids, mb.attention_mask, mb.response_mask
+        return policy_logprobs(
+            module, ids, attn, resp, temperature=cfg.temperature, packing=cfg.packing
+        )
 
     def step(self, expect: dict[int, tuple[int, int]] | None = None) -> StepResult:
         """Clip, AdamW step, zero grads, version += 1 — or skip on non-finite loss/grad.

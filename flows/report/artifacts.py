@@ -52,18 +52,19 @@ def timeline(ts: list[Timing], path: Path, title: str) -> Path:
     colour = {a: cmap(i % 10) for i, a in enumerate(agents)} | {"-": (0.6, 0.6, 0.6, 1.0)}
     t0 = min((t.start for t in ts), default=0.0)
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.8 * len(workers)))
-    for row, w in enumerate(workers):
-        for t in (t for t in ts if t.worker == w):
-            ax.barh(
-                row,
-                t.seconds,
-                left=t.start - t0,
-                height=0.7,
-                color=colour[t.agent],
-                hatch=_HATCH.get(t.phase, ""),
-                edgecolor="black",
-                linewidth=0.3,
-            )
+    for (row, agent, phase), spans in _bars(ts, workers, t0).items():
+        # one collection per (worker, agent, phase), not one bar per task: a run's thousands
+        # of tasks drew in seconds as single bars
+        ax.broken_barh(
+            spans,
+            (row - 0.35, 0.7),
+            facecolors=colour[agent],
+            hatch=_HATCH.get(phase, ""),
+            edgecolor="black",
+            linewidth=0.3,
+        )
+    ax.set_ylim(-0.6, len(workers) - 0.4)
+    ax.autoscale(axis="x")
     ax.set_yticks(range(len(workers)), [w.replace("tcp://", "") for w in workers], fontsize=8)
     ax.set(xlabel="seconds since start", title=title)
     handles = [Patch(color=colour[a], label=a) for a in agents]
@@ -81,6 +82,17 @@ def timeline(ts: list[Timing], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _bars(
+    ts: list[Timing], workers: list[str], t0: float
+) -> dict[tuple[int, str, str], list[tuple[float, float]]]:
+    """Each task's (start, seconds) span, grouped by (worker row, agent, phase)."""
+    row = {w: i for i, w in enumerate(workers)}
+    out: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
+    for t in ts:
+        out.setdefault((row[t.worker], t.agent, t.phase), []).append((t.start - t0, t.seconds))
+    return out
 
 
 def _img_md(path: Path, alt: str) -> str:

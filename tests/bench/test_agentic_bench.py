@@ -12,10 +12,10 @@ from bench.agentic import ARMS, main
 pytestmark = pytest.mark.slow
 
 
-def test_agentic_bench_small(tmp_path: Path, bench_cluster: str) -> None:
+def test_agentic_bench_small(tmp_path: Path, cluster: str) -> None:
     """On the session's Prefect server and default cluster (what `--small` would start)."""
     out = tmp_path / "agentic.json"
-    res = main(["--small", "--scheduler", bench_cluster, "--json", str(out)])
+    res = main(["--small", "--scheduler", cluster, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     assert set(res["arms"]) == set(ARMS)
     for key in ("early_stop_step_time_ratio", "flex_over_sync_agentic"):

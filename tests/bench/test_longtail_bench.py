@@ -33,11 +33,11 @@ KEYS = (
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory, bench_cluster: str) -> dict[str, Any]:
+def small(tmp_path_factory: pytest.TempPathFactory, cluster: str) -> dict[str, Any]:
     """`--small` with every arm, `--heldout 1` on the baseline and echo, on the session's
     cluster (what `--small` would start itself)."""
     out = tmp_path_factory.mktemp("longtail") / "longtail.json"
-    args = ["--small", "--heldout", "1", "--heldout-arms", "echo", "--scheduler", bench_cluster]
+    args = ["--small", "--heldout", "1", "--heldout-arms", "echo", "--scheduler", cluster]
     res: dict[str, Any] = main([*args, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     return res

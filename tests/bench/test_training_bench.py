@@ -51,11 +51,22 @@ def test_small_run_writes_json(tmp_path: Path) -> None:
     # a peak of memory, not a timing. swap_ratio_vs_copy and grad_accum_overhead are
     # wall-clock ratios of millisecond operations here: noise, so not asserted
     assert res["logprob_memory_ratio"] < 1.0
+    # padding-free training: its keys, the padding it removes and the same loss (the speed-up
+    # is a wall-clock ratio of millisecond steps at this size: only its shape is asserted)
+    for k in ("packed_train_speedup", "padded_tok_s", "packed_tok_s", "padding_share"):
+        v = res[k]
+        assert isinstance(v, float) and v > 0, k
+    assert 0 <= res["packed_padding_share"] < res["padding_share"] < 1
+    assert len(res["packed_train_speedup_spread"]["repeats"]) == res["repeats"] >= 3
+    lo, mid, hi = (res[f"packed_train_speedup{s}"] for s in ("_min", "", "_max"))
+    assert lo <= mid <= hi
+    assert res["loss_rel_diff"] < 1e-5  # both arms trained the same loss
 
 
 def test_only_train_skips_the_memory_part() -> None:
     res = main(["--small", "--only", "train"])
     assert "train_tok_s" in res and not any(k.startswith("logprob_") for k in res)
+    assert "packed_train_speedup" not in res
 
 
 def test_memory_falls_back_to_sampling_where_the_peak_cannot_be_reset() -> None:

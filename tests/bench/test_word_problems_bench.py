@@ -15,12 +15,12 @@ from bench.word_problems import main
 pytestmark = pytest.mark.slow
 
 
-def test_word_problems_bench_small(tmp_path: Path, bench_cluster: str) -> None:
+def test_word_problems_bench_small(tmp_path: Path, cluster: str) -> None:
     """Trained on the session's cluster (`flexmarl train --scheduler`), not on a three-worker
     one of its own: the layout is not what this run checks."""
     out = tmp_path / "wp.json"
     args = ["--warm-steps", "2", "--steps", "1", "--episodes", "2", "--eval-limit", "8"]
-    args += ["--repeats", "2", "--scheduler", bench_cluster]
+    args += ["--repeats", "2", "--scheduler", cluster]
     res = main([*args, "--json", str(out)])
     assert json.loads(out.read_text()) == res
     assert (res["warm_steps"], res["rl_steps"], res["episodes_per_step"]) == (2, 1, 2)

@@ -1,16 +1,15 @@
-"""Shared real components for the orchestrator tests: one Prefect server, one tiny model,
-one Dask cluster with a rollout and a training worker (session-scoped; each test makes its
-own run directory and store)."""
+"""Shared real components for the orchestrator tests: one tiny model (session-scoped; the
+Prefect server, the Dask cluster and the long-tail model are the whole suite's, in
+tests/conftest.py; each test makes its own run directory and store)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +24,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from workloads.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
-
-
-@pytest.fixture(scope="session")
-def longtail_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A tiny model warm-started 30 steps on the long-tail format: it ends its lists at
-    varied lengths (the seed-0 tiny model almost never ends a response, so nothing is cut).
-
-    Built once per `pytest` run (a minute of CPU): under xdist the first worker that needs
-    it builds it in the workers' shared temporary folder, under a lock, and the other one
-    waits for it and reads the same files (the model's files are never written to)."""
-    from filelock import FileLock
-
-    from flows.cli.main import main as cli
-
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        shared = tmp_path_factory.mktemp("models")
-    else:  # this run's folder above the workers' own (pytest-N/popen-gwK)
-        shared = tmp_path_factory.getbasetemp().parent
-    model, built = shared / "tiny-longtail", shared / "tiny-longtail.built"
-    with FileLock(str(shared / "tiny-longtail.lock")):
-        if not built.exists():  # none yet, or a build cut short: (re)built
-            shutil.rmtree(model, ignore_errors=True)
-            args = ["tiny-model", str(model), "--warm-start", "longtail", "--warm-steps", "30"]
-            assert cli(args) == 0
-            built.touch()
-    return str(model)
-
-
-@pytest.fixture(scope="session")
-def cluster(prefect_server: str) -> Iterator[str]:
-    """Scheduler address of a local cluster started exactly as `flexmarl train` starts one."""
-    from flows.cluster.start import ClusterConfig, dask_cluster
-
-    with dask_cluster(ClusterConfig()) as workers:
-        yield workers.address
 
 
 def write_config(

@@ -150,6 +150,36 @@ def test_srt_stores_the_policys_own_logprobs(
     assert logprob_gap(longtail_model, rows) < 1e-4
 
 
+SPARSE = {"policy": "sparse", "budget": 12, "sinks": 2, "window": 4, "every": 2}
+
+
+def corrected(cfg: Path) -> Path:
+    """Every agent's loss with Sparse-RL's correction (the `sparse` policy requires it)."""
+    data = yaml.safe_load(cfg.read_text())
+    for agent in data["agents"].values():
+        agent.setdefault("loss", {})["old_logprobs"] = "sparse_rl"
+    cfg.write_text(yaml.safe_dump(data))
+    return cfg
+
+
+@pytest.mark.parametrize("mode", ["flex", "async"])
+def test_sparse_stores_the_sparse_sampler_s_logprobs_and_corrects_them(
+    tmp_path: Path, longtail_model: str, cluster: str, mode: str
+) -> None:
+    """Sparse-KV rollouts in a real run (hf backend, a 12-entry budget that long lists
+    outgrow): the audit is clean, the stored logprobs are the sparse sampler's (away from
+    the dense model's on the samples the budget cut), and every training step weighed its
+    tokens with Sparse-RL's correction."""
+    cfg = policy_config(tmp_path, longtail_model, "longtail", backend="hf", rollout=SPARSE)
+    store = clean(run(corrected(cfg), tmp_path / "run", cluster, mode))
+    rows = store.table("counter").read()
+    assert (rows.policy_version == 0).sum() >= 8
+    assert logprob_gap(longtail_model, rows) > 1e-3  # not the dense policy's logprobs
+    for agent in ("counter", "checker"):
+        for rec in store.table(agent).consumption_log().values():
+            assert 0.0 <= rec["extra"]["metrics"]["is_weight_mean"] <= 1.5
+
+
 def test_echo_trains_the_clips_of_all_right_groups(
     tmp_path: Path,
     longtail_model: str,
@@ -188,8 +218,9 @@ def test_the_bandit_rolls_out_as_many_episodes_as_planned(
         {"rollout": {"policy": "rollverify"}, "select": {"policy": "bandit"}},
         {"rollout": {"policy": "darts"}},
         {"rollout": {"policy": "srt"}, "select": {"policy": "sera"}},
+        {"rollout": SPARSE},
     ],
-    ids=["rollverify-bandit-echo", "darts-echo", "srt-sera-echo"],
+    ids=["rollverify-bandit-echo", "darts-echo", "srt-sera-echo", "sparse-echo"],
 )
 def test_a_killed_run_resumes_clean(
     tmp_path: Path, longtail_model: str, prefect_server: str, cluster: str, policies: dict
@@ -197,14 +228,16 @@ def test_a_killed_run_resumes_clean(
     """SIGKILL of the whole run once step 1 is trained; `--resume` finishes it with a clean
     audit, every sample once, and the policies still acting (stopped or kept samples).
 
-    Every rollout policy (rollverify, darts, srt) and selection policy (bandit, sera) is
-    killed and resumed in one of three runs: srt (how a sample is decoded) and sera (which
+    Every rollout policy (rollverify, darts, srt, sparse) and selection policy (bandit,
+    sera) is killed and resumed in one of four runs: srt (how a sample is decoded) and sera (which
     prompts a micro-batch gets) act on separate things, so one run checks both. The killed
     run has one colocated worker (`ONE_WORKER`): what is tested is the resume."""
     from flows.cluster.start import ClusterConfig
     from flows.train import TrainParams, train
 
     cfg = with_echo(policy_config(tmp_path, longtail_model, "longtail", backend="hf", **policies))
+    if policies["rollout"]["policy"] == "sparse":
+        cfg = corrected(cfg)
     run_dir = tmp_path / "run"
 
     def step_one_trained() -> bool:
@@ -242,6 +275,8 @@ def test_a_killed_run_resumes_clean(
     if rollout == "srt":  # the samples before the kill are exact
         assert (rows.policy_version == 0).sum() >= 8  # step 0's, of the model as built
         assert logprob_gap(longtail_model, rows) < 1e-4
+    if rollout == "sparse":  # the samples before the kill are the sparse sampler's
+        assert logprob_gap(longtail_model, rows) > 1e-3
     if rollout == "darts":  # n = 4 kept per group, none of the dropped stored
         assert set(np.unique(rows.group_id, return_counts=True)[1]) == {4}
         assert not (rows.finish_reason == "dropped").any()

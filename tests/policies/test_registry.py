@@ -22,7 +22,7 @@ def tags(union: Any) -> set[str]:
 
 def test_every_model_tag_has_a_behaviour_and_no_behaviour_lacks_a_model() -> None:
     assert set(ROLLOUTS.names()) == tags(RolloutPolicy) == {
-        "full", "april", "rollverify", "darts", "srt"
+        "full", "april", "rollverify", "darts", "srt", "sparse"
     }  # fmt: skip
     assert set(SELECTIONS.names()) == tags(SelectPolicy) == {"all", "greso", "bandit", "sera"}
 
@@ -41,6 +41,7 @@ def test_the_baselines_change_nothing() -> None:
     rollout, select = Rollout(FullRollout()), Selection(AllPrompts())
     assert [rollout.launched(q) for q in range(5)] == [rollout.quota(q) for q in range(5)]
     assert rollout.launched(7) == 7 and rollout.speculation(64) is None
+    assert rollout.kv_budget(64) is None
     assert rollout.watch(NodeRequests(4, [], None, str)) is None
     assert not select.needs_history and not select.merges_groups and select.mean_episodes == 1
     assert select.selector(None, 1, {}.get, {}.__getitem__) is None  # type: ignore[arg-type]
