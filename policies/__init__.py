@@ -5,8 +5,9 @@
 The consumers ask these three functions and the protocols' members, never a policy's name:
 the generate task (`tasks.rollout`: launch count, watch, speculation), the scoring task
 (`tasks.scoring`: merged groups), the episode planner (`flows.orchestrator.planning`:
-launch count, selector), the engine choice (`hf_only`) and `meg validate` (`problems`, handed
-to `meg.validate` the way the reward and tool registries are).
+launch count, selector), the engine choice (`hf_only`), a run's settings (`implied`: the loss
+anchors a rollout policy's samples need) and `meg validate` (`problems`, handed to
+`meg.validate` the way the reward and tool registries are).
 """
 
 from __future__ import annotations
@@ -37,3 +38,24 @@ def problems(spec: MEGSpec, rewards: Registry[Any] | None = None) -> list[Proble
         *rollout_policy(spec).problems(spec, rewards),
         *selection_policy(spec).problems(spec, rewards),
     ]
+
+
+def implied(spec: MEGSpec) -> tuple[MEGSpec, dict[str, str], list[str]]:
+    """`spec` with the loss anchor its rollout policy needs (`Rollout.anchors`) given to each
+    agent that names none; the settings so decided (dotted path → "policy", for run.json's
+    sources) and one line each for the user. An agent that names an anchor keeps it (and
+    `problems` refuses it where it is not the one needed)."""
+    needed = rollout_policy(spec).anchors(spec)
+    agents, sources, notes = dict(spec.agents), dict[str, str](), list[str]()
+    for name, anchor in needed.items():
+        agent = agents[name]
+        if "old_logprobs" in agent.loss.model_fields_set:
+            continue
+        loss = agent.loss.model_copy(update={"old_logprobs": anchor})
+        agents[name] = agent.model_copy(update={"loss": loss})
+        sources[f"agents.{name}.loss.old_logprobs"] = "policy"
+        notes.append(
+            f"agent {name}: loss anchor {anchor} (what the {spec.run.rollout.policy} rollout "
+            "policy's samples need)"
+        )
+    return (spec.model_copy(update={"agents": agents}) if sources else spec), sources, notes

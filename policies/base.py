@@ -5,7 +5,8 @@ A *rollout* policy decides how a step samples: how many episodes a micro-batch l
 for those it trains (`launched`, `quota`), how a node's requests are sampled — plainly in
 one batch, under a `Watch` that stops single requests (`watch`), speculatively
 (`speculation`) or from a bounded KV cache (`kv_budget`) — which agents only the `hf`
-engine can serve (`hf_only`), and what is wrong with a MEG that asks for it (`problems`).
+engine can serve (`hf_only`), which loss anchor its samples need (`anchors`) and what is
+wrong with a MEG that asks for it (`problems`).
 The cut-and-carry of partial rollouts is a mechanism (`tasks.carry`) driven by the model's
 `carry_limit`, a setting the consistency rule reads like the async staleness.
 
@@ -74,6 +75,12 @@ class Rollout(Generic[R]):
     def kv_budget(self, max_tokens: int) -> SparseKV | None:
         """The bounded KV cache a node of `max_tokens` decodes with (None: the full one)."""
         return None
+
+    def anchors(self, spec: MEGSpec) -> Mapping[str, str]:
+        """Agent → the loss anchor (`loss.old_logprobs`) its samples need under this policy
+        (a sampler that is not the dense policy needs its correction). `settle` sets it for
+        an agent that names none; `problems` refuses an agent that names another."""
+        return {}
 
     def watch(self, node: NodeRequests) -> tuple[Watch, int] | None:
         """The watch a node's requests are sampled under and the responses each group of

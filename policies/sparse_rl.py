@@ -3,8 +3,9 @@
 the entries the recent queries attended most (`engines.rollout.sparse_kv`, the `hf`
 engine's mechanism). The sampler is then not the dense policy: the stored behaviour
 logprobs are the sparse sampler's, and the trainer corrects for the gap with Sparse-RL's
-rejection and reweighting, the `sparse_rl` anchor (`engines.training.losses`), which every
-agent so sampled must name."""
+rejection and reweighting, the `sparse_rl` anchor (`engines.training.losses`): a run's
+settings give it to every agent so sampled that names no anchor (`anchors`, applied by
+`flows.runs.settle`), and `meg validate` refuses an agent that names another."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class SparseRL(Rollout[SparseRollout]):
         """Every agent that samples: only the `hf` engine evicts per sequence."""
         return {n.agent for n in spec.nodes.values() if n.agent}
 
+    def anchors(self, spec: MEGSpec) -> dict[str, str]:
+        return {a: ANCHOR for a in sorted(self.hf_only(spec))}
+
     def problems(self, spec: MEGSpec, rewards: Registry[Any] | None) -> list[Problem]:
         sampled = sorted(self.hf_only(spec))
         out: list[Problem] = []
@@ -44,14 +48,19 @@ class SparseRL(Rollout[SparseRollout]):
                     f"backend; set `backend: hf` (or leave `backend` out) for {', '.join(on_vllm)}",
                 )
             )
-        uncorrected = [a for a in sampled if spec.agents[a].loss.old_logprobs != ANCHOR]
-        if uncorrected:
+        other = [
+            a
+            for a in sampled
+            if "old_logprobs" in spec.agents[a].loss.model_fields_set
+            and spec.agents[a].loss.old_logprobs != ANCHOR
+        ]
+        if other:
             out.append(
                 (
                     "run.rollout",
                     "sparse rollouts are not the dense policy's samples and need Sparse-RL's "
-                    f"correction in the loss: set `loss: {{old_logprobs: {ANCHOR}}}` for "
-                    f"{', '.join(uncorrected)}",
+                    f"correction in the loss, the `{ANCHOR}` anchor: drop `old_logprobs` from "
+                    f"`loss:` (the run sets it) or set `{ANCHOR}` for {', '.join(other)}",
                 )
             )
         return out

@@ -51,7 +51,7 @@ class Run:
 
     dir: Path
     ctx: RunContext
-    sources: dict[str, str] = field(default_factory=dict)  # setting → cli|meg|default|auto
+    sources: dict[str, str] = field(default_factory=dict)  # setting → cli|meg|default|auto|policy
     start_step: int = 0
     base_versions: dict[str, int] | None = None
     notes: tuple[str, ...] = ()  # what the run chose for the user (printed, not recorded)

@@ -7,7 +7,8 @@ it decided):
    (`flows.runs.resolve`), then checked: a reward's declared reads, `rollout_gradients: on`
    where it cannot apply, a step too big;
 2. **rollout engines**: every `backend: auto` agent gets `hf` or `vllm`
-   (`flows.runs.engine_choice`);
+   (`flows.runs.engine_choice`); and the loss anchor the rollout policy's samples need goes
+   to every agent that names none (`policies.implied`: Sparse-RL's correction);
 3. **cluster layout**: the cluster the user gave, or the one chosen for the MEG on this machine
    (`flows.cluster.layout.for_meg`);
 4. **rollout gradients**: `run.rollout_gradients: auto` decided `on` or `off` for that cluster
@@ -39,6 +40,7 @@ from flows.runs.engine_choice import choose_engines, count_parameters
 from flows.runs.record import Run, RunError, already_a_run, default_store, load_run
 from flows.runs.resolve import OVERRIDABLE, continued, resolve
 from meg.sizes import step_samples_problem
+from policies import implied
 from tasks.context import RunContext
 
 
@@ -127,6 +129,8 @@ def planned(p: Asked, gpus: int) -> tuple[Run, list[str]]:
         raise RunError(f"{'--episodes-per-step' if given else 'run.episodes_per_step'}: {problem}")
     chosen = {f"agents.{a}.backend": "auto" for a, s in spec.agents.items() if s.backend == "auto"}
     spec, notes = choose_engines(spec, gpus, own_cluster=not p.cluster.scheduler)
+    spec, anchored, anchor_notes = implied(spec)
+    notes += anchor_notes
     ctx = RunContext(
         run_id=f"{spec.name}-{stamp}",
         store_url=p.store or default_store(run_dir),
@@ -134,7 +138,7 @@ def planned(p: Asked, gpus: int) -> tuple[Run, list[str]]:
         train_slots=p.cluster.train_slots,
         rollout_gpu_share=p.cluster.rollout_gpu_share,
     )
-    return Run(run_dir, ctx, {**sources, **chosen}), notes
+    return Run(run_dir, ctx, {**sources, **chosen, **anchored}), notes
 
 
 def resumed(p: Asked, run: Run) -> Run:

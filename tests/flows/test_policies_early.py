@@ -6,6 +6,7 @@ and a run killed mid-way resumes to the same clean end."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -154,7 +155,8 @@ SPARSE = {"policy": "sparse", "budget": 12, "sinks": 2, "window": 4, "every": 2}
 
 
 def corrected(cfg: Path) -> Path:
-    """Every agent's loss with Sparse-RL's correction (the `sparse` policy requires it)."""
+    """Every agent's loss naming Sparse-RL's correction itself (a run gives it to an agent
+    that names no anchor)."""
     data = yaml.safe_load(cfg.read_text())
     for agent in data["agents"].values():
         agent.setdefault("loss", {})["old_logprobs"] = "sparse_rl"
@@ -169,9 +171,12 @@ def test_sparse_stores_the_sparse_sampler_s_logprobs_and_corrects_them(
     """Sparse-KV rollouts in a real run (hf backend, a 12-entry budget that long lists
     outgrow): the audit is clean, the stored logprobs are the sparse sampler's (away from
     the dense model's on the samples the budget cut), and every training step weighed its
-    tokens with Sparse-RL's correction."""
+    tokens with Sparse-RL's correction — which the run's settings gave the agents (the MEG
+    names no anchor; the resume test below names it)."""
     cfg = policy_config(tmp_path, longtail_model, "longtail", backend="hf", rollout=SPARSE)
-    store = clean(run(corrected(cfg), tmp_path / "run", cluster, mode))
+    store = clean(run(cfg, tmp_path / "run", cluster, mode))
+    sources = json.loads((tmp_path / "run" / "run.json").read_text())["sources"]
+    assert sources["agents.counter.loss.old_logprobs"] == "policy"
     rows = store.table("counter").read()
     assert (rows.policy_version == 0).sum() >= 8
     assert logprob_gap(longtail_model, rows) > 1e-3  # not the dense policy's logprobs

@@ -66,6 +66,7 @@ def test_only_the_consumers_ask_for_a_policy_and_none_names_a_technique() -> Non
         "flows.orchestrator.planning",  # launch counts, the selector
         "flows.runs.config",  # `meg validate`: the policies' problems
         "flows.runs.engine_choice",  # the agents only `hf` can serve
+        "flows.runs.settle",  # a run's settings: the loss anchors a policy's samples need
         "tasks.rollout",  # watch, speculation, april's quota
         "tasks.scoring",  # merged advantage groups
     ]

@@ -1,6 +1,7 @@
 """`sparse` (Sparse-RL): every sampling agent decodes from a bounded KV cache, only on the
-`hf` backend, and only with the loss that corrects for the sparse sampler; `meg validate`
-names a misspelt parameter, an impossible budget, a vLLM agent and a missing correction."""
+`hf` backend, with the loss that corrects for the sparse sampler (given by the run to an
+agent that names no anchor); `meg validate` names a misspelt parameter, an impossible
+budget, a vLLM agent and an agent naming another anchor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from engines.rollout.base import SparseKV
 from meg.policies import SparseRollout
-from policies import rollout_policy
+from policies import implied, rollout_policy
 from policies.sparse_rl import SparseRL
 from tests.policies.conftest import load, refused
 
@@ -53,8 +54,34 @@ def test_a_vllm_agent_is_refused_with_the_fix(base: dict[str, Any], tmp_path: Pa
     assert err.field == "run.rollout" and "(or leave `backend` out) for b" in str(err)
 
 
-def test_an_agent_without_the_correction_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
+def test_an_agent_naming_another_anchor_is_refused(base: dict[str, Any], tmp_path: Path) -> None:
     data = sparse(base)
-    del data["agents"]["a"]["loss"]
+    data["agents"]["a"]["loss"] = {"old_logprobs": "behaviour"}
     err = refused(data, tmp_path)
-    assert "set `loss: {old_logprobs: sparse_rl}` for a" in str(err)
+    assert err.field == "run.rollout" and "or set `sparse_rl` for a" in str(err)
+
+
+def test_an_agent_naming_no_anchor_is_given_the_correction(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    data = sparse(base)
+    del data["agents"]["a"]["loss"]  # b names it itself
+    spec = load(data, tmp_path)
+    done, sources, notes = implied(spec)
+    assert {n: s.loss.old_logprobs for n, s in done.agents.items()} == {
+        "a": "sparse_rl",
+        "b": "sparse_rl",
+    }
+    assert sources == {"agents.a.loss.old_logprobs": "policy"}
+    assert notes == [
+        "agent a: loss anchor sparse_rl (what the sparse rollout policy's samples need)"
+    ]
+    assert implied(done)[1] == {}  # decided once: the settled spec names it
+    assert (
+        done.agents["b"] == spec.agents["b"] and spec.agents["a"].loss.old_logprobs != "sparse_rl"
+    )
+
+
+def test_other_policies_imply_no_anchor(base: dict[str, Any], tmp_path: Path) -> None:
+    spec = load(base, tmp_path)
+    assert implied(spec) == (spec, {}, [])
