@@ -34,8 +34,9 @@ async staleness.
   fewer passes, on the `hf` backend; nodes of no more tokens than a draft sample plainly.
 - `sparse` (Sparse-RL's sparse-KV rollout): each sequence decodes with a bounded KV cache
   of `budget` entries per layer and KV head (the first `sinks`, the last `window`, and the
-  entries the recent queries attended most), on the `hf` backend; the agents' loss must be
-  `old_logprobs: sparse_rl`, which corrects for the sampler not being the dense policy.
+  entries the recent queries attended most), on the `hf` backend; the agents' loss anchor
+  is `sparse_rl` (given by the run to an agent that names none), which corrects for the
+  sampler not being the dense policy.
 - `all` (default selection): every planned prompt is rolled out.
 - `bandit` (contextual rollout bandit): a LinUCB over each prompt's history (how often its
   episodes taught something, its mean reward, how often it was seen) ranks a step's planned
