@@ -212,6 +212,26 @@ def _chunk_logprobs(
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
 
 
+def check_logprob_args(temperature: float, chunk_tokens: int) -> None:
+    """The arguments every logprob path refuses: a non-positive temperature or chunk."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+
+
+def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(backbone, lm_head) of an HF causal LM (`get_decoder()`, `get_output_embeddings()`),
+    or None for a model without both (it is then scored on the full-vocabulary path)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    head = get_head() if callable(get_head) else None
+    if decoder is None or decoder is model or head is None:
+        return None
+    return decoder, head
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: Tensor,
@@ -244,18 +264,13 @@ def token_logprobs(
     Models without `get_decoder`/`get_output_embeddings` (not an HF causal LM) fall back to
     the full-vocabulary path. Train/eval mode is left as the caller set it.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    get_decoder = getattr(model, "get_decoder", None)
-    get_head = getattr(model, "get_output_embeddings", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    head = get_head() if callable(get_head) else None
-    if decoder is None or decoder is model or head is None:
+    check_logprob_args(temperature, chunk_tokens)
+    parts = backbone_and_head(model)
+    if parts is None:
         return _token_logprobs_full(
             model, input_ids, attention_mask, response_mask, temperature=temperature
         )
+    decoder, head = parts
     rows, cols = _positions(input_ids, response_mask)
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     if rows.numel() == 0:  # nothing to score: still usable in `(logp * mask).sum().backward()`

@@ -41,7 +41,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engines.training.batch import _positions, head_logprobs, token_logprobs
+from engines.training.batch import (
+    _positions,
+    backbone_and_head,
+    check_logprob_args,
+    head_logprobs,
+    token_logprobs,
+)
 
 PACKINGS = ("none", "by_length")
 # One backbone pass's fixed cost, in padded tokens: the forward + backward of a 2-layer
@@ -120,17 +126,12 @@ def _backbone_parts(
 ) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module] | None:
     """(backbone, its input embedding, lm_head) of an HF causal LM, or None for any other
     model (which is then run padded)."""
-
-    def part(owner: object, name: str) -> torch.nn.Module | None:
-        get = getattr(owner, name, None)
-        found = get() if callable(get) else None
-        return found if isinstance(found, torch.nn.Module) else None
-
-    decoder, head = part(model, "get_decoder"), part(model, "get_output_embeddings")
-    embed = None if decoder is None else part(decoder, "get_input_embeddings")
-    if decoder is None or decoder is model or head is None or embed is None:
+    parts = backbone_and_head(model)
+    get_embed = None if parts is None else getattr(parts[0], "get_input_embeddings", None)
+    embed = get_embed() if callable(get_embed) else None
+    if parts is None or not isinstance(embed, torch.nn.Module):
         return None
-    return decoder, embed, head
+    return parts[0], embed, parts[1]
 
 
 def grouped_token_logprobs(
@@ -159,8 +160,7 @@ def grouped_token_logprobs(
             chunk_tokens=chunk_tokens,
         )
     decoder, embed, head = parts
-    if temperature <= 0 or chunk_tokens < 1:
-        raise ValueError(f"need temperature > 0, chunk_tokens >= 1: {temperature}, {chunk_tokens}")
+    check_logprob_args(temperature, chunk_tokens)
     _positions(input_ids, response_mask)  # the padded path's shape and column-0 checks
     lengths = scored_lengths(response_mask)
     groups = length_groups(lengths, group_cost)
