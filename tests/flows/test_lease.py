@@ -48,7 +48,10 @@ def test_a_killed_driver_frees_the_cluster_after_the_lease_timeout(tmp_path: Pat
         "distributed.scheduler.locks.lease-validation-interval": "0.2s",
         "distributed.scheduler.locks.lease-timeout": "2s",
     }
-    with dask.config.set(fast), LocalCluster(n_workers=0, host="127.0.0.1") as local:
+    with (
+        dask.config.set(fast),
+        LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address="127.0.0.1:0") as local,
+    ):
         code = (
             "import sys, time\n"
             "from flows.cluster.lease import cluster_lease\n"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def scheduler() -> Iterator[str]:
-    with LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster:
         yield cluster.scheduler_address
 
 

@@ -127,7 +127,7 @@ def test_worker_location_with_real_cluster(tmp_path: Path) -> None:
 
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
         ) as cluster,
         Client(cluster) as client,
     ):

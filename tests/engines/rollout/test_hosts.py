@@ -86,7 +86,8 @@ def test_a_dropped_host_serves_nothing_and_a_task_holding_it_retries(tiny_model_
     drop_host("old-run/solver")
 
 
-# dashboard_address=":0": the scheduler's health/metrics HTTP server binds a free port at once.
+# dashboard_address="127.0.0.1:0": the scheduler's health/metrics HTTP server binds a free
+# loopback port at once.
 # With None it tries 8787 first; when another cluster on this machine holds 8787, distributed
 # warns and leaks the failed socket (an unraisable ResourceWarning that fails the test).
 def test_tasks_on_one_worker_share_one_loaded_model(
@@ -108,7 +109,7 @@ def test_tasks_on_one_worker_share_one_loaded_model(
 
     with (
         LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
         ) as cluster,
         Client(cluster) as client,
     ):

@@ -61,7 +61,7 @@ def test_the_driver_is_not_spawning() -> None:
 def test_workers_that_never_join_end_the_wait_with_a_count() -> None:
     """No worker failed, none joined: past the timeout, how many of how many started."""
     with (
-        LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
         pytest.raises(WorkerStartError, match="only 0 of 1 local Dask workers started within 1 s"),
     ):
@@ -70,7 +70,7 @@ def test_workers_that_never_join_end_the_wait_with_a_count() -> None:
 
 def test_workers_that_joined_end_the_wait() -> None:
     with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
     ):
         wait_for_local_workers(cluster, client, expected=1, timeout=30)

@@ -34,7 +34,7 @@ def test_a_worker_slow_to_exit_finishes_its_clean_up(
     shows the test can see a kill)."""
     marker = tmp_path / "exited"
     cluster = LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0"
     )
     with Client(cluster) as client:
         client.run(_slow_exit, str(marker), 6.0)
