@@ -90,8 +90,18 @@ class LossSpec(Frozen):
         "recompute",
         description="PPO anchor: `recompute` (the trainer's own logprobs before the update, "
         "plus a truncated importance weight for the sampler gap), `behaviour` (the "
-        "sampler's stored logprobs) or `sparse_rl` (recompute with Sparse-RL's rejection and "
-        "reweighting, for the `sparse` rollout policy).",
+        "sampler's stored logprobs), `sparse_rl` (recompute with Sparse-RL's rejection and "
+        "reweighting, for the `sparse` rollout policy) or `external` (recompute on the "
+        "agent's own rows, LUFFY's shaped importance weight on an external policy's rows, for "
+        "the `external` rollout policy).",
+    )
+    shaping: float = Field(
+        0.1,
+        gt=0.0,
+        le=100.0,
+        description="γ of the policy shaping f(x) = x/(x+γ) of the importance ratio x = "
+        "πθ/μ on rows an external policy sampled (`external` anchor; LUFFY's 0.1): the "
+        "smaller, the more a token the agent finds unlikely is learned from.",
     )
     is_cap: float = Field(
         2.0, ge=1.0, description="Cap of the truncated importance weight (recompute anchor)."

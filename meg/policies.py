@@ -37,6 +37,14 @@ async staleness.
   entries the recent queries attended most), on the `hf` backend; the agents' loss anchor
   is `sparse_rl` (given by the run to an agent that names none), which corrects for the
   sampler not being the dense policy.
+- `external` (external-policy rollouts): each group of a listed agent's nodes takes `rows`
+  of its `n` samples from an external policy: a frozen model (`model:`, a directory with
+  the agent's tokenizer: a stronger model or an earlier checkpoint) or a teammate's newest
+  published policy (`agent:`). The agent's own samples and the external ones share the
+  group's advantage (Mixed-Policy GRPO); the agents' loss anchor is `external` (given by the
+  run to an agent that names none), which weighs an external row's tokens by LUFFY's
+  shaped importance ratio under the learner. The rows carry their `source`, never a version
+  of the agent.
 - `all` (default selection): every planned prompt is rolled out.
 - `bandit` (contextual rollout bandit): a LinUCB over each prompt's history (how often its
   episodes taught something, its mean reward, how often it was seen) ranks a step's planned
@@ -165,6 +173,48 @@ class SparseRollout(FullRollout):
         return self
 
 
+class ExternalSource(_Policy):
+    """Where some samples of an agent's groups come from: exactly one of `model` and
+    `agent`."""
+
+    model: str | None = Field(
+        None,
+        description="A frozen model directory (a stronger model, or an earlier checkpoint) "
+        "with the agent's tokenizer; sampled with the agent's backend and dtype.",
+    )
+    agent: str | None = Field(
+        None, description="A teammate agent whose newest published policy samples."
+    )
+    rows: int = Field(
+        1, ge=1, le=1024, description="Samples of each group the source draws (fewer than n)."
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> ExternalSource:
+        if (self.model is None) == (self.agent is None):
+            raise ValueError(
+                "an external source names exactly one of `model` (a frozen model directory) "
+                "and `agent` (a teammate)"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        """The `source` its rows carry, without the teammate's version."""
+        return f"model:{self.model}" if self.model is not None else f"agent:{self.agent}"
+
+
+class ExternalRollout(FullRollout):
+    """Some samples of each group from an external policy (a frozen model or a teammate),
+    corrected in the loss (`external` anchor)."""
+
+    policy: Literal["external"]  # type: ignore[assignment]
+    sources: dict[str, ExternalSource] = Field(
+        min_length=1,
+        description="Agent → the external policy that samples `rows` of each of its groups.",
+    )
+
+
 class AllPrompts(_Policy):
     """Roll out every planned prompt (the baseline)."""
 
@@ -267,7 +317,13 @@ def _named(kind: str, *models: type[_Policy]) -> BeforeValidator:
 
 
 RolloutPolicy = Annotated[
-    FullRollout | AprilRollout | RollVerify | DartsRollout | SpeculativeRollout | SparseRollout,
+    FullRollout
+    | AprilRollout
+    | RollVerify
+    | DartsRollout
+    | SpeculativeRollout
+    | SparseRollout
+    | ExternalRollout,
     Field(discriminator="policy"),
     _named(
         "rollout",
@@ -277,6 +333,7 @@ RolloutPolicy = Annotated[
         DartsRollout,
         SpeculativeRollout,
         SparseRollout,
+        ExternalRollout,
     ),
 ]
 SelectPolicy = Annotated[

@@ -4,7 +4,8 @@ behaviour by the `policy:` tag of its YAML model (`meg.policies`).
 A *rollout* policy decides how a step samples: how many episodes a micro-batch launches
 for those it trains (`launched`, `quota`), how a node's requests are sampled — plainly in
 one batch, under a `Watch` that stops single requests (`watch`), speculatively
-(`speculation`) or from a bounded KV cache (`kv_budget`) — which agents only the `hf`
+(`speculation`) or from a bounded KV cache (`kv_budget`) — which of an agent's samples an
+external policy draws (`external`), which agents only the `hf`
 engine can serve (`hf_only`), which loss anchor its samples need (`anchors`) and what is
 wrong with a MEG that asks for it (`problems`).
 The cut-and-carry of partial rollouts is a mechanism (`tasks.carry`) driven by the model's
@@ -31,7 +32,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from engines.rollout.base import SparseKV, Speculation, Watch
 from meg import MEGSpec
-from meg.policies import AllPrompts, FullRollout
+from meg.policies import AllPrompts, ExternalSource, FullRollout
 from meg.registry import Registry
 from workloads.datasets import Episode, TaskItem
 from workloads.rewards import Decided
@@ -74,6 +75,11 @@ class Rollout(Generic[R]):
 
     def kv_budget(self, max_tokens: int) -> SparseKV | None:
         """The bounded KV cache a node of `max_tokens` decodes with (None: the full one)."""
+        return None
+
+    def external(self, agent: str) -> ExternalSource | None:
+        """The external policy that samples some of each group of `agent`'s nodes (None:
+        the agent samples all of them itself)."""
         return None
 
     def anchors(self, spec: MEGSpec) -> Mapping[str, str]:

@@ -16,6 +16,11 @@ holds the same sample with exactly those older tokens as a prefix (same ids, sam
 and every token after that prefix meets the strict bound. So a stale row that was not cut and
 continued is still a violation.
 
+Rows an external policy sampled (a non-empty `source`: the `external` rollout policy) are
+not versions of A at all: the rule above is about A's own rows, and an external row must
+carry `EXTERNAL_VERSION` in its row and token versions; one that claims a version of A is a
+violation. They are counted (`external_rows`) and trained like the rest (the accounting).
+
 Exact step accounting: a record also carries what the trainer really accumulated
 (`trained`: one `[micro_batch, tokens, seqs]` per micro-batch, from the trainer's own
 counters, not from the tasks). Every micro-batch of the recorded segments must appear
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.schema import SampleBatch, SegmentKey
+from storage.schema import EXTERNAL_VERSION, SampleBatch, SegmentKey
 from storage.store import MEGStore
 from storage.table import Table
 
@@ -46,6 +51,16 @@ class Audit:
     problems: tuple[str, ...] = field(default_factory=tuple)
     accounting_errors: int = 0
     steps_unverified: int = 0
+    external_rows: int = 0  # consumed rows an external policy sampled (never A's versions)
+
+
+def external_violations(batch: SampleBatch) -> int:
+    """External rows of `batch` that claim a version (row or token) other than
+    `EXTERNAL_VERSION`: an external policy's sample counted as the agent's own."""
+    bad = batch.policy_version != EXTERNAL_VERSION
+    for i in range(len(batch)):
+        bad[i] |= bool(np.any(batch.token_version(i) != EXTERNAL_VERSION))
+    return int(bad.sum())
 
 
 def read_parts(table: Table, segments: list[str]) -> dict[int, SampleBatch]:
@@ -143,7 +158,7 @@ def carry_violations(
 
 
 def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit:
-    rows = violations = max_lag = steps = accounting = unverified = 0
+    rows = violations = max_lag = steps = accounting = unverified = external = 0
     problems: list[str] = []
     for agent in agents or store.agents():
         table = store.table(agent)
@@ -154,7 +169,9 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
             carry = int(extra.get("max_carry", 0))
             before = int(extra["version_before"])
             parts = read_parts(table, rec["segments"])
-            batch = SampleBatch.concat(list(parts.values()))
+            every = SampleBatch.concat(list(parts.values()))
+            outside = every.take(every.external)
+            batch = every.take(~every.external)  # the agent's own rows: the version rule
             lag = before - batch.policy_version  # (N,)
             oldest = before
             if carry:  # a continued row's oldest tokens are older than the row's version
@@ -162,9 +179,15 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
                 allowed += carry  # for the message
             else:
                 bad = int(np.sum((lag < 0) | (lag > allowed)))
+            claimed = external_violations(outside)
+            if claimed:
+                problems.append(
+                    f"{agent} step {k}: {claimed} rows of an external policy claim a version"
+                )
             steps += 1
-            rows += len(batch)
-            violations += bad
+            rows += len(every)
+            external += len(outside)
+            violations += bad + claimed
             max_lag = max(max_lag, before - oldest, int(lag.max()) if len(lag) else 0)
             if bad:
                 problems.append(
@@ -176,4 +199,6 @@ def audit_consistency(store: MEGStore, agents: list[str] | None = None) -> Audit
             else:
                 accounting += len(wrong)
                 problems.extend(f"{agent} {w}" for w in wrong)
-    return Audit(rows, violations, max_lag, steps, tuple(problems), accounting, unverified)
+    return Audit(
+        rows, violations, max_lag, steps, tuple(problems), accounting, unverified, external
+    )

@@ -80,7 +80,8 @@ def store_show(
     storage_options: dict[str, Any] | None = None,
     limit: int = 50,
 ) -> str:
-    """Rows of one table (optionally one step): ids, version, lengths, reward, advantage."""
+    """Rows of one table (optionally one step): ids, version, source, lengths, reward,
+    advantage."""
     store = MEGStore.open(url, run, create=False, storage_options=storage_options)
     if agent not in store.agents():
         raise StoreError(f"no table {agent!r} in {url}/{run}; tables: {store.agents()}")
@@ -91,6 +92,7 @@ def store_show(
             "node": str(b.node[i]),
             "step": int(b.step[i]),
             "version": int(b.policy_version[i]),
+            "source": str(b.source[i]) or "self",  # or the external policy that sampled it
             "prompt_len": int(b.prompt_lengths[i]),
             "response_len": int(b.response_lengths[i]),
             "reward": None if np.isnan(b.reward[i]) else float(b.reward[i]),

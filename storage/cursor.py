@@ -80,7 +80,7 @@ class Cursor:
                 self.step,
                 j,
                 tuple(seg_ids),
-                tuple(int(v) for v in np.unique(batch.policy_version)),
+                batch.own_versions,
                 batch,
             )
             self.taken[j] = mb

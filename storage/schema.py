@@ -7,6 +7,12 @@ Behaviour logprobs share the response offsets, one float per response token, and
 token versions: the policy version that generated each response token. They differ from the
 row's ``policy_version`` only in a sample that was cut and continued in a later step under
 newer weights (the `april` rollout policy): its prefix keeps the version that wrote it.
+
+``source`` names who sampled a row that the table's own agent did not: "" for the agent
+itself, else an external policy (the `external` rollout policy), as ``agent:<name>@v<k>``
+(a teammate's version k) or ``model:<dir>`` (a frozen model). Such a row's
+``policy_version`` (and token versions) is ``EXTERNAL_VERSION``: it was never sampled by any
+version of the agent that trains on it, so no version count of the agent includes it.
 """
 
 from __future__ import annotations
@@ -69,7 +75,8 @@ TOOL_STOP = "tool-stop"
 NOT_TRAINED = (SKIPPED, TOOL, TOOL_STOP)
 
 # name -> (numpy dtype kind, per-row?) ; "ragged" columns are flat values with offsets.
-STR_COLUMNS = ("sample_id", "group_id", "parent_ids", "node", "episode", "finish_reason")
+STR_COLUMNS = ("sample_id", "group_id", "parent_ids", "node", "episode", "finish_reason", "source")
+EXTERNAL_VERSION = -1  # the policy_version of a row an external policy sampled (`source`)
 ROW_STR = (*STR_COLUMNS, "score_status")  # score_status: from score segments, not rows ones
 ROW_NUMERIC = {
     "step": np.int64,
@@ -140,10 +147,13 @@ class SampleBatch:
     # (N,) str, joined from the score segment: "" until scored, then "ok", "failed: <why>"
     # (the reward call raised or timed out) or "dropped: ..." (its group was dropped)
     score_status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.str_))
+    # (N,) str, "" for the table's own agent, else the external policy that sampled the row
+    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.str_))
 
     def __post_init__(self) -> None:
-        if len(self.score_status) == 0 and len(self.sample_id):
-            object.__setattr__(self, "score_status", np.full(len(self.sample_id), "", np.str_))
+        for name in ("score_status", "source"):  # defaulted: "" on every row
+            if len(getattr(self, name)) == 0 and len(self.sample_id):
+                object.__setattr__(self, name, np.full(len(self.sample_id), "", np.str_))
         for name in ROW_STR:
             object.__setattr__(self, name, _as_str(getattr(self, name)))
         for name, dtype in {**ROW_NUMERIC, **FLAT}.items():
@@ -191,6 +201,17 @@ class SampleBatch:
         older = self.token_versions < np.repeat(self.policy_version, self.response_lengths)
         counts = np.concatenate([[0], np.cumsum(older, dtype=np.int64)])
         return counts[self.response_offsets[1:]] - counts[self.response_offsets[:-1]]
+
+    @property
+    def external(self) -> np.ndarray:
+        """(N,) bool: rows an external policy sampled (`source` names it)."""
+        return self.source != ""
+
+    @property
+    def own_versions(self) -> tuple[int, ...]:
+        """The agent's own policy versions among these rows, sorted (external rows have none:
+        they never count as a version of the agent)."""
+        return tuple(int(v) for v in np.unique(self.policy_version[~self.external]))
 
     @property
     def response_lengths(self) -> np.ndarray:
@@ -279,7 +300,7 @@ class SampleBatch:
         """Build from row dicts; token fields are int lists, ``parent_ids`` a list or str.
 
         Missing reward/advantage default to NaN, timings to 0.0, parents to roots, token
-        versions to the row's policy version.
+        versions to the row's policy version, the source to the agent itself ("").
         """
         n = len(rows)
 
@@ -328,4 +349,5 @@ class SampleBatch:
             finish_reason=np.asarray(col("finish_reason", "stop"), np.str_).reshape(n),
             gen_start=np.asarray(col("gen_start", 0.0), np.float64).reshape(n),
             gen_end=np.asarray(col("gen_end", 0.0), np.float64).reshape(n),
+            source=np.asarray(col("source", ""), np.str_).reshape(n),
         )

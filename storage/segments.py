@@ -3,7 +3,7 @@
 Layout: zarr costs ~1 ms of Python per *array* (metadata, codec pipeline, event-loop hops)
 and little per byte at segment sizes, so columns that share a dtype and a length are packed
 as the rows of one 2-D array: ``row_int64[k]`` is column ``row_int64.attrs["columns"][k]``.
-A rows segment is 9 arrays (18 columns), a score segment 2. Ragged token values stay 1-D.
+A rows segment is 9 arrays (19 columns), a score segment 2. Ragged token values stay 1-D.
 
 Every array is one chunk (a segment is one task's output: ~10²-10⁴ rows), stored
 uncompressed with a CRC32C checksum: random-looking token ids barely compress, and the
@@ -37,7 +37,7 @@ from storage.schema import STR_COLUMNS, SampleBatch
 # array name -> the columns packed in it (row k = column k), or None for a 1-D column array
 Layout = Mapping[str, tuple[str, ...] | None]
 ROWS_LAYOUT: Layout = {
-    "strings": STR_COLUMNS,  # (6, N) str
+    "strings": STR_COLUMNS,  # (7, N) str
     "row_int64": ("step", "policy_version"),  # (2, N)
     "row_float32": ("reward", "advantage"),  # (2, N)
     "row_float64": ("gen_start", "gen_end"),  # (2, N)
@@ -50,8 +50,9 @@ ROWS_LAYOUT: Layout = {
 COMPRESSED = frozenset({"token_versions"})
 SCORES_LAYOUT: Layout = {"strings": ("sample_id", "status"), "row_float32": ("reward", "advantage")}
 # columns a segment written by an earlier version lacks, and the value they read back as
-# (score segments before the status column held only scored-as-usual rows)
-DEFAULTS: Mapping[str, str] = {"status": "ok"}
+# (score segments before the status column held only scored-as-usual rows; rows segments
+# before the source column only the agent's own samples)
+DEFAULTS: Mapping[str, str] = {"status": "ok", "source": ""}
 LAYOUTS: dict[str, Layout] = {"rows": ROWS_LAYOUT, "scores": SCORES_LAYOUT, "carry": ROWS_LAYOUT}
 
 

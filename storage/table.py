@@ -156,7 +156,7 @@ class Table:
             raise StoreError(
                 f"rows for segment {key.id} must all have step={key.step} and node={key.node!r}"
             )
-        versions = tuple(int(v) for v in np.unique(batch.policy_version))
+        versions = batch.own_versions  # an external policy's rows count as no version
         return self._commit(key, kind, len(batch), versions, batch.columns())
 
     def read_carry(self, key: SegmentKey) -> SampleBatch | None:

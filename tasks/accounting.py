@@ -166,6 +166,7 @@ def accumulate_part(
         batch.advantage.tolist(),
         pad,
         echo_lengths=echo_lengths(ctx, agent, batch),
+        external=batch.external.tolist(),
     )
     return trainer.accumulate(mbt, part=mb)["loss"]
 

@@ -31,6 +31,7 @@ from storage.state import Host as HostMem
 from storage.table import SegmentRef
 from tasks.carry import birth_step, generate_cut, read_carried, settle
 from tasks.context import RunContext, Stopwatch
+from tasks.external import external_row, sample_external, split
 from tasks.gating import can_skip, plan_row, skipped, skipped_rows
 from tasks.grad_parts import gradient_part
 from tasks.refs import Episode, GenRef
@@ -319,16 +320,21 @@ def generate_segment(
         return gen_ref(ref, batch, resumed=False)
     live = [p for p, s in zip(plans, skip, strict=True) if not s]
     params = sampling_for(ctx, node, step, mb)
+    source = rollout_policy(spec).external(agent_name)
+    own = params if source is None else split(params, source)[0]
     t0 = time.time()
     completions: list[list[Any]] = []
-    discarded, version, startup = 0, min_version, 0.0
+    discarded, version, startup, label = 0, min_version, 0.0, ""
     if live:
         host, startup = host_of(ctx, agent_name)
         version = ensure_weights(ctx, host, agent_name, min_version)
         prompts = prompts_of(ctx, node, live, batches, index, episodes)
-        completions, discarded = sample(
-            ctx, node, host, agent_name, live, prompts, params, episodes
-        )
+        completions, discarded = sample(ctx, node, host, agent_name, live, prompts, own, episodes)
+        if source is not None:  # the group's last rows: the external policy's
+            drawn, label = sample_external(
+                ctx, agent_name, source, prompts, split(params, source)[1], ensure_weights
+            )
+            completions = [a + b for a, b in zip(completions, drawn, strict=True)]
     t1 = time.time()
     rows = []
     done_live = iter(zip(prompts if live else [], completions, strict=True))
@@ -337,20 +343,19 @@ def generate_segment(
             rows += skipped_rows(plan, params.n, step, version, t0)
             continue
         prompt, outs = next(done_live)
-        for sid, c in zip(plan.sample_ids(params.n), outs, strict=True):
-            rows.append(
-                plan_row(
-                    plan,
-                    sid,
-                    step,
-                    version,
-                    c.finish_reason,
-                    (t0, t1),
-                    prompt,
-                    c.response_ids,
-                    c.logprobs,
-                )
+        for j, (sid, c) in enumerate(zip(plan.sample_ids(params.n), outs, strict=True)):
+            row = plan_row(
+                plan,
+                sid,
+                step,
+                version,
+                c.finish_reason,
+                (t0, t1),
+                prompt,
+                c.response_ids,
+                c.logprobs,
             )
+            rows.append(row if j < own.n else external_row(row, label))
     batch = SampleBatch.from_rows(rows)
     ref = table.write_segment(SegmentKey(step, mb, node), batch)
     return gen_ref(ref, batch, resumed=False, discarded=discarded, startup=startup)

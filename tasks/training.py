@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import numpy as np
 from prefect import task
 
 from engines.model_files import local_dir
@@ -99,7 +98,7 @@ def train_ref(
 ) -> TrainRef:
     """What accumulating micro-batch `mb` of `step` from `batch` returns (its rows' counts
     and versions are what the optimizer step checks and records; `how`: `TrainRef.how`)."""
-    versions = tuple(int(v) for v in np.unique(batch.policy_version))
+    versions = batch.own_versions
     tokens = int(batch.response_lengths.sum())
     return TrainRef(
         agent, step, mb, segment_ids, versions, len(batch), tokens, loss, watch.done(), how

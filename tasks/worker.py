@@ -15,7 +15,7 @@ from typing import Any
 
 from engines.model_files import local_dir
 from engines.tokenizers import tokenizer
-from meg.sharing import weight_units
+from meg.sharing import WeightUnit, weight_units
 from storage.state import Host, StateStore
 from storage.store import MEGStore
 from tasks.context import RunContext
@@ -90,8 +90,9 @@ def slot_devices(n: int) -> tuple[str, ...]:
     return tuple(f"cuda:{i % gpus}" for i in range(n)) if gpus else ("cpu",) * n
 
 
-def host_of(ctx: RunContext, agent: str) -> tuple[Any, float]:
-    """This worker's model host for `agent` in this run: the engine of its weight unit.
+def host_of(ctx: RunContext, agent: str, unit: WeightUnit | None = None) -> tuple[Any, float]:
+    """This worker's model host for `agent` in this run: the engine of its weight unit (or
+    of `unit`: a frozen external model sampling for `agent`, `tasks.external`).
 
     A full-weight agent has an engine of its own; LoRA agents that share a base share one
     engine serving an adapter each (`meg.sharing`), sized for all of them.
@@ -107,7 +108,8 @@ def host_of(ctx: RunContext, agent: str) -> tuple[Any, float]:
     from engines.rollout.hosts import get_host, is_hosted, make_room
 
     t0 = time.time()
-    unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
+    if unit is None:
+        unit = next(u for u in weight_units(ctx.spec) if agent in u.agents)
     hand_over_hosts(ctx)
     key, backend, model, opts = _host_args(ctx, unit)
     warm = is_hosted(key)

@@ -30,6 +30,7 @@ class TrainMicroBatch:
     advantages: Tensor  # (b,) float
     ref_logprobs: Tensor | None = None  # (b,T) float, for a KL penalty
     echo_mask: Tensor | None = None  # (b,T) float, 1 on EchoRL clip tokens (echo.py)
+    external: Tensor | None = None  # (b,) float, 1 on rows an external policy sampled
 
     @property
     def num_seqs(self) -> int:
@@ -44,6 +45,7 @@ class TrainMicroBatch:
         """The sequences at `index` (a 1-D long tensor), padding as it is."""
         ref = None if self.ref_logprobs is None else self.ref_logprobs[index]
         echo = None if self.echo_mask is None else self.echo_mask[index]
+        ext = None if self.external is None else self.external[index]
         return TrainMicroBatch(
             self.input_ids[index],
             self.attention_mask[index],
@@ -52,11 +54,13 @@ class TrainMicroBatch:
             self.advantages[index],
             ref,
             echo,
+            ext,
         )
 
     def to(self, device: str | torch.device) -> TrainMicroBatch:
         ref = None if self.ref_logprobs is None else self.ref_logprobs.to(device)
         echo = None if self.echo_mask is None else self.echo_mask.to(device)
+        ext = None if self.external is None else self.external.to(device)
         return TrainMicroBatch(
             self.input_ids.to(device),
             self.attention_mask.to(device),
@@ -65,6 +69,7 @@ class TrainMicroBatch:
             self.advantages.to(device),
             ref,
             echo,
+            ext,
         )
 
 
@@ -76,11 +81,13 @@ def build_microbatch(
     pad_id: int,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
     echo_lengths: Sequence[int] | None = None,
+    external: Sequence[bool] | None = None,
 ) -> TrainMicroBatch:
     """Concatenate prompt + response per sample, right-pad to the longest, build the masks.
 
     `echo_lengths[i]`: the first that many response tokens of sample i are an EchoRL clip
-    (`echo_mask`; None or all 0: no mask).
+    (`echo_mask`; None or all 0: no mask). `external[i]`: sample i was sampled by an
+    external policy (`TrainMicroBatch.external`; None or none: no flags).
 
     Raises ValueError naming the sample when lengths disagree or a prompt is empty.
     """
@@ -94,6 +101,8 @@ def build_microbatch(
         lists["ref_logprobs"] = ref_logprobs
     if echo_lengths is not None:
         lists["echo_lengths"] = echo_lengths
+    if external is not None:
+        lists["external"] = external
     for name, xs in lists.items():
         if len(xs) != b:
             raise ValueError(f"{name} has {len(xs)} entries but prompts has {b}")
@@ -134,7 +143,10 @@ def build_microbatch(
         echo = torch.zeros((b, seq_len), dtype=torch.float32)
         for i, (p, n_e) in enumerate(zip(prompts, echo_lengths, strict=True)):
             echo[i, len(p) : len(p) + n_e] = 1.0
-    return TrainMicroBatch(ids, attn, resp, old, adv, ref, echo)
+    ext = None
+    if external is not None and any(external):
+        ext = torch.tensor([float(bool(e)) for e in external], dtype=torch.float32)
+    return TrainMicroBatch(ids, attn, resp, old, adv, ref, echo, ext)
 
 
 # ---- token logprobs ---------------------------------------------------------------------------

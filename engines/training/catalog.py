@@ -29,7 +29,7 @@ REGISTRIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "old_logprobs": (
         "engines.training.losses",
         "ANCHORS",
-        ("behaviour", "recompute", "sparse_rl"),
+        ("behaviour", "recompute", "sparse_rl", "external"),
     ),
     "credit": ("engines.training.turn_credit", "CREDITS", ("crbc", "episode", "turn")),
 }

@@ -23,6 +23,10 @@ spec, see `engines/training/trainer.py`):
 - `sparse_rl`: `recompute`'s anchor for rollouts sampled from a compressed KV cache (the
   `sparse` rollout policy): the weight is Sparse-RL's rejection and reweighting
   (`SparseCorrection`) instead of the truncation.
+- `external`: `recompute` on the agent's own rows; on a row an external policy sampled (a
+  frozen model, a teammate: the `external` rollout policy) the weight is LUFFY's policy
+  shaping of the importance ratio under the learner (`shaped_is_weights`), which gives that
+  row exactly the gradient of −f(πθ/μ)·A, f(x) = x/(x+γ), unclipped.
 
 The log-ratio is clamped to ±LOG_RATIO_CLAMP (as verl) before `exp`, so one stale or
 mis-sampled token cannot overflow to inf, whose product with a zero advantage is NaN and would
@@ -247,9 +251,53 @@ def _sparse_rl_anchor(
     return old, sparse_rl_weights(old, behaviour, mask)
 
 
+def shaped_is_weights(logprobs: Tensor, behaviour: Tensor, gamma: float) -> Tensor:
+    """Per-token weights (B,T), detached, that turn the clipped surrogate at ratio 1 into
+    LUFFY's shaped off-policy objective −f(x)·A, f(x) = x/(x+γ), x = πθ/μ (the learner's
+    probability of the token over the external sampler's):
+
+        ∇f(x) = f'(x)·x·∇log πθ = γ·x/(x+γ)² · ∇log πθ,
+
+    so the weight is γ·x/(x+γ)² (at most 1/4, at x = γ). Against plain importance sampling
+    (weight x) it lifts the tokens the learner finds unlikely and damps the ones it already
+    writes, which is LUFFY's point: learn what the external policy knows, not copy it. The
+    surrogate is the one the trainer already uses: one optimizer step per batch keeps the
+    ratio at 1 in value, so no clip binds, as LUFFY's off-policy term has none."""
+    x = torch.exp((logprobs.detach() - behaviour).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return (gamma * x / (x + gamma) ** 2).detach()
+
+
+@ANCHORS.register("external")
+def _external_anchor(
+    logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`recompute` on every row; `anchor` replaces the weight of the external rows."""
+    old = logprobs.detach()
+    return old, truncated_is_weights(old, behaviour, cap)
+
+
 def anchor(
-    name: str, logprobs: Tensor, behaviour: Tensor, cap: float, mask: Tensor
+    name: str,
+    logprobs: Tensor,
+    behaviour: Tensor,
+    cap: float,
+    mask: Tensor,
+    external: Tensor | None = None,
+    gamma: float = 0.1,
 ) -> tuple[Tensor, Tensor | None]:
     """(old_logprobs (B,T), is_weights (B,T) or None) for anchor `name`; `mask` (B,T): the
-    response tokens, one sequence a row."""
-    return ANCHORS.get(name)(logprobs, behaviour, cap, mask)
+    response tokens, one sequence a row; `external` (B,): 1 on the rows an external policy
+    sampled, whose weight is `shaped_is_weights` with `gamma` (only the `external` anchor
+    takes them: any other would treat them as the agent's own samples)."""
+    old, weights = ANCHORS.get(name)(logprobs, behaviour, cap, mask)
+    if external is None or not bool(external.any()):
+        return old, weights
+    if name != "external":
+        raise ValueError(
+            f"{int(external.sum())} rows of this micro-batch were sampled by an external "
+            f"policy, which anchor {name!r} would train as the agent's own: use the "
+            "`external` anchor (loss.old_logprobs), which the external rollout policy sets"
+        )
+    assert weights is not None  # the external anchor is recompute's: it always weighs
+    rows = external.to(torch.bool).unsqueeze(1)  # (B,1)
+    return old, torch.where(rows, shaped_is_weights(logprobs, behaviour, gamma), weights)

@@ -63,6 +63,7 @@ class TrainConfig:
     kl_coef: float = _LOSS.kl_coef
     old_logprobs: str = _LOSS.old_logprobs  # the PPO anchor (losses.ANCHORS)
     is_cap: float = _LOSS.is_cap  # truncation of the sampler-mismatch importance weight
+    shaping: float = _LOSS.shaping  # γ of the external rows' shaped weight (`external` anchor)
     skip_zero_advantage: bool = _LOSS.skip_zero_advantage  # accum.kept_rows
     echo_coef: float = 0.0  # EchoRL's NLL weight on clip tokens (loss.echo.coef; 0: off)
     temperature: float = _SAMPLING.temperature  # the agent's: logprobs of logits / T
@@ -82,6 +83,8 @@ class TrainConfig:
             raise ValueError("TrainConfig: lr and clip_eps must be > 0, grad_clip, kl_coef >= 0")
         if self.echo_coef < 0:
             raise ValueError(f"TrainConfig.echo_coef must be >= 0, got {self.echo_coef}")
+        if self.shaping <= 0:
+            raise ValueError(f"TrainConfig.shaping must be > 0, got {self.shaping}")
         if self.temperature <= 0 or self.is_cap < 1:
             raise ValueError("TrainConfig: temperature must be > 0 and is_cap >= 1")
         if self.dual_clip is not None and self.dual_clip <= 1:

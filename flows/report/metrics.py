@@ -123,6 +123,7 @@ def summary(
             "steps_checked": audit.steps_checked,
             "accounting_errors": audit.accounting_errors,
             "steps_unverified": audit.steps_unverified,
+            "external_rows": audit.external_rows,
             "problems": list(audit.problems[:20]),
         },
         "rollout": rollout_totals(steps),

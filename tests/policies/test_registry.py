@@ -22,7 +22,7 @@ def tags(union: Any) -> set[str]:
 
 def test_every_model_tag_has_a_behaviour_and_no_behaviour_lacks_a_model() -> None:
     assert set(ROLLOUTS.names()) == tags(RolloutPolicy) == {
-        "full", "april", "rollverify", "darts", "srt", "sparse"
+        "full", "april", "rollverify", "darts", "srt", "sparse", "external"
     }  # fmt: skip
     assert set(SELECTIONS.names()) == tags(SelectPolicy) == {"all", "greso", "bandit", "sera"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from storage.audit import Audit, audit_consistency
@@ -216,3 +217,32 @@ def test_the_rows_own_version_is_checked_too(
     """With `max_carry` as without: a row's policy version outside [before - η - c,
     before] is a violation whatever its token versions say."""
     assert _audit_carried(tmp_path, row, {}, version=version).violations == violations
+
+
+@pytest.mark.parametrize(("claimed", "violations"), [(-1, 0), (3, 2)])
+def test_external_rows_count_as_no_version_and_one_claiming_a_version_is_a_violation(
+    tmp_path: Path, claimed: int, violations: int
+) -> None:
+    """A step's rows from an external policy (`source`) are outside the version rule (a
+    frozen model's rows carry no version of the agent) and counted; such a row claiming a
+    version of the agent, even the right one, is a violation."""
+    store = MEGStore.open(str(tmp_path), "run")
+    table = store.table("a")
+    key = SegmentKey(0, 0, "solve")
+    batch = synthetic_batch(key, groups=2, group_size=4, version=3)
+    ext = np.arange(len(batch)) % 4 == 3  # the last row of each group
+    n_tok = batch.response_lengths
+    versions = np.where(np.repeat(ext, n_tok), claimed, batch.token_versions)
+    batch = batch.replace(
+        policy_version=np.where(ext, claimed, 3),
+        token_versions=versions,
+        source=np.where(ext, "model:m", ""),
+    )
+    sid = table.write_segment(key, batch).segment_id
+    assert table.segments()[0].versions == (3,)  # the agent's own versions only
+    table.record_consumption(0, [sid], [3], extra={"version_before": 3, "mode": "flex"})
+    audit = audit_consistency(store)
+    assert (audit.external_rows, audit.violations, audit.max_lag) == (2, violations, 0)
+    assert audit.rows_checked == len(batch)
+    if violations:
+        assert audit.problems == ("a step 0: 2 rows of an external policy claim a version",)

@@ -34,6 +34,7 @@ def test_ls_and_show(tmp_path: Path) -> None:
     )
     rows = json.loads(store_show(str(tmp_path), "run1", "solver", step=1, as_json=True))
     assert len(rows) == 8 and {r["step"] for r in rows} == {1} and rows[0]["reward"] == 0.5
+    assert {r["source"] for r in rows} == {"self"}  # every row sampled by the agent itself
     text = store_show(str(tmp_path), "run1", "solver")
     assert "16 rows" in text and "0.500" in text
 

@@ -95,6 +95,31 @@ def test_a_score_segment_without_status_reads_as_ok(tmp_path: Path) -> None:
     assert got.advantage.tolist() == [0.5] * len(batch)
 
 
+def test_a_rows_segment_without_source_reads_as_the_agent_s_own(tmp_path: Path) -> None:
+    """Rows segments written before the source column existed hold six string columns: all
+    of their rows were sampled by the table's own agent."""
+    table = MEGStore.open(str(tmp_path), "run1").table("solver")
+    key = SegmentKey(0, 0, "solve")
+    batch = synthetic_batch(key)
+    batch = batch.replace(source=np.array(["model:m"] + [""] * (len(batch) - 1)))
+    table.write_segment(key, batch)
+    other = MEGStore.open(str(tmp_path), "run1").table("critic")
+    other.write_segment(key, batch)
+    assert other.read().source.tolist() == batch.source.tolist()  # round trip
+    (folder,) = [
+        p for p in tmp_path.glob("run1/solver/segments/*/*/strings") if "scores" not in str(p)
+    ]
+    old = zarr.open_array(str(folder), mode="r")[...][:6]  # the columns before `source`
+    arr = zarr.open_group(str(folder.parent), mode="a").create_array(
+        "strings", shape=old.shape, dtype=old.dtype, overwrite=True
+    )
+    arr[...] = old
+    arr.attrs["columns"] = list(ROWS_LAYOUT["strings"] or ())[:6]
+    got = MEGStore.open(str(tmp_path), "run1").table("solver").read()
+    assert got.source.tolist() == [""] * len(batch) and not got.external.any()
+    assert got.sample_id.tolist() == batch.sample_id.tolist()
+
+
 def _tree(root: Path) -> dict[str, str]:
     return {
         str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
