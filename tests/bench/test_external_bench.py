@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 
 from bench.external import ARMS, main
+from tests.tasks.conftest import tiny_model  # noqa: F401  (a fixture: the learner here)
 
 pytestmark = pytest.mark.slow
 
 
 def test_external_bench_small(
-    tmp_path: Path, longtail_model: str, tiny_model: str, cluster: str
+    tmp_path: Path, longtail_model: str, cluster: str, request: pytest.FixtureRequest
 ) -> None:
+    tiny = request.getfixturevalue("tiny_model")  # the seed-0 tiny model: a weak learner
     out = tmp_path / "external.json"
-    argv = ["--small", "--learner", tiny_model, "--teacher", longtail_model]
+    argv = ["--small", "--learner", tiny, "--teacher", longtail_model]
     res = main([*argv, "--json", str(out), "--scheduler", cluster])
     assert json.loads(out.read_text()) == res
     assert set(res["heldout_reward"]) == set(res["sampled_tokens"]) == set(ARMS)
