@@ -47,13 +47,26 @@ def sample_external(
 ) -> tuple[list[list[Completion]], str]:
     """The external policy's completions of `prompts`, [prompt][row], and the `source` its
     rows carry. A teammate samples at its newest published version (`ensure` brings its
-    host there: `tasks.rollout.ensure_weights`); a frozen model with its own weights."""
+    host there: `tasks.rollout.ensure_weights`); a frozen model with its own weights.
+
+    The teammate's own generate tasks share its host and may load a newer version at any
+    moment outside a generate call (which holds the host): if the host holds another
+    version after sampling, the rows cannot be labelled with certainty and the task fails,
+    to be retried (`tasks.rollout`'s retry condition), as it does when the newer version
+    lands between reading the newest and loading it."""
     if source.agent is not None:
         mate = source.agent
         host, _ = host_of(ctx, mate)
         newest = latest_published(state_of(ctx), mate)
         version = ensure(ctx, host, mate, 0 if newest is None else newest)
-        return host.generate(prompts, params, mate), f"{source.label}@v{version}"
+        outs = host.generate(prompts, params, mate)
+        if host.held(mate) != version:  # the teammate's own task loaded a newer one between
+            raise RuntimeError(
+                f"agent {mate!r}'s host moved from version {version} to {host.held(mate)} "
+                "while it sampled as an external policy: its rows' version is unknown, so the "
+                "task is retried"
+            )
+        return outs, f"{source.label}@v{version}"
     assert source.model is not None  # ExternalSource names exactly one
     check_vocabulary(ctx, learner, source.model)
     spec = ctx.spec.agents[learner]
