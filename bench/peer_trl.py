@@ -3,7 +3,7 @@
     python -m bench.peer_trl [--small] [--json PATH] [--sizes 8x4x32,64x4x128] [--steps N]
                              [--repeats R] [--model DIR] [--no-trl-vllm] [--[no-]hf]
                              [--[no-]default-layout] [--[no-]colocated] [--[no-]async-arm]
-                             [--[no-]before]
+                             [--[no-]before] [--scheduler ADDRESS]
 
 The job is a one-node MEG (`solve`: one agent answers `Q: a+b=\\nA:` questions of the
 project's `arithmetic` dataset, rewarded by the project's `exact_answer`), run at each size
@@ -34,6 +34,11 @@ one step of staleness on the default cluster (rollout of step k overlaps trainin
 k−1; not TRL's on-policy GRPO). Off by default: `--before` adds `ours-dask-malloc`, the
 default cluster with Dask's `MALLOC_TRIM_THRESHOLD_=65536` (as every worker had before
 `flows.cluster.start.keep_malloc_defaults`), and `before_over_after` against `ours-default`.
+
+`--scheduler ADDRESS` (with `--small`, the test suite): `ours` on the running Dask cluster at
+ADDRESS instead of a `SPREAD` cluster of its own (the suite's session cluster: the test
+checks the benchmark's keys, never its timings, and starting three more workers with their
+vLLM engines was ~40 s of its ~100 on 2 cores).
 
 What is identical on both sides (model, prompts and their token ids, reward code, group
 size, max tokens, sampling, dtype, micro-batches, AdamW settings, grad clip, clip ε, GRPO
@@ -137,7 +142,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextmanager
-def clusters(extras: Extras) -> Iterator[dict[str, str]]:
+def clusters(extras: Extras, scheduler: str | None = None) -> Iterator[dict[str, str]]:
     """Arm name → scheduler address: `ours` on `SPREAD`; with `default` (or `before` or
     `stale`, whose baseline it is), `ours-default` on the default local cluster (the async
     arm runs there too: its rollout and training overlap, so each keeps a core of its own);
@@ -145,9 +150,9 @@ def clusters(extras: Extras) -> Iterator[dict[str, str]]:
     (`COLOCATED`, TRL's layout); with `before`, `ours-dask-malloc` on a default one whose
     workers get Dask's `MALLOC_TRIM_THRESHOLD_=65536` (what every worker had before
     `flows.cluster.start.keep_malloc_defaults`): the before/after of that change, side by side in
-    one invocation."""
+    one invocation. `scheduler`: `ours` on the running cluster at that address instead."""
     with ExitStack() as stack:
-        out = {"ours": stack.enter_context(dask_cluster(SPREAD)).address}
+        out = {"ours": scheduler or stack.enter_context(dask_cluster(SPREAD)).address}
         if extras.runs("ours-default"):
             out["ours-default"] = stack.enter_context(dask_cluster(DEFAULT)).address
         if extras.colocated:
@@ -214,10 +219,15 @@ def measure_job(job: Job, model: str, work: Path, repeats: int, ours: dict[str, 
 
 
 def measure(
-    jobs: list[Job], model: str, work: Path, repeats: int, extras: Extras
+    jobs: list[Job],
+    model: str,
+    work: Path,
+    repeats: int,
+    extras: Extras,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
     backends = ["transformers"] + (["vllm-colocate"] if extras.trl_vllm else [])
-    with prefect_api(), clusters(extras) as addresses:
+    with prefect_api(), clusters(extras, scheduler) as addresses:
         ours = {a: Ours(ad) for a, ad in addresses.items() if extras.runs(a)}
         if extras.hf:
             ours["ours-hf"] = Ours(addresses["ours"], backend="hf")
@@ -238,12 +248,17 @@ def run(
     work: Path,
     repeats: int = 1,
     extras: Extras | None = None,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
-    """Every size, both frameworks interleaved; the headline is the largest size's ratio."""
+    """Every size, both frameworks interleaved; the headline is the largest size's ratio.
+    `scheduler`: `ours` on the running cluster at that address (`--scheduler`)."""
     extras = extras or Extras()
     import trl
 
-    sizes = measure(jobs, model, work, repeats, extras)
+    sizes = measure(jobs, model, work, repeats, extras, scheduler)
+    labels = {k: v for k, v in ARM_LABELS.items() if extras.runs(k)}
+    if scheduler is not None:
+        labels["ours"] = f"flexmarl train, flex mode, on the running cluster at {scheduler}"
     size = lambda j: j.prompts * j.group * j.max_tokens  # noqa: E731
     largest, smallest = max(jobs, key=size).label, min(jobs, key=size).label
     return {
@@ -254,7 +269,7 @@ def run(
         "trl_version": trl.__version__,
         "model": model,
         "repeats": repeats,
-        "backends": {k: v for k, v in ARM_LABELS.items() if extras.runs(k)},
+        "backends": labels,
         "sizes": sizes,
         "largest": largest,
         "trl_over_ours": sizes[largest]["trl_over_ours"],
@@ -347,7 +362,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--no-trl-vllm", dest="trl_vllm", action="store_false", help="skip TRL on vLLM colocated"
     )
+    ap.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --small: ours on the running Dask cluster at ADDRESS (default: a SPREAD "
+        "cluster of its own)",
+    )
     a = ap.parse_args(argv)
+    if a.scheduler is not None and not a.small:
+        ap.error("--scheduler is for --small (a full run measures ours on its SPREAD layout)")
     sizes = a.sizes or (SMALL_SIZES if a.small else SIZES)
     jobs = parse_sizes(sizes, a.steps or (2 if a.small else 5))
     with tempfile.TemporaryDirectory() as tmp:
@@ -370,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tuple(int(n) for n in a.auto_cores.split(",") if n),
             full_only(a.trainer_grads),
         )
-        results = run(jobs, model, Path(tmp), a.repeats, extras)
+        results = run(jobs, model, Path(tmp), a.repeats, extras, a.scheduler)
     render_table(results)
     if a.json:
         write_results(results, a.json)

@@ -63,16 +63,22 @@ def growth(
     return dict(sorted(out.items()))
 
 
-def reuse(runs: int, workload: str, tmp: Path, model: str) -> dict[str, Any]:
+def reuse(
+    runs: int, workload: str, tmp: Path, model: str, scheduler: str | None = None
+) -> dict[str, Any]:
     """N runs on one cluster; RSS per process after each. `workload`: one name, or several
-    separated by commas, run in turn (each change of models rebuilds the engines)."""
+    separated by commas, run in turn (each change of models rebuilds the engines).
+    `scheduler`: the runs on the running cluster at that address (1 rollout + 1 training
+    worker, as `ClusterConfig()` starts it: the test suite's session cluster), else on a
+    default local cluster started here."""
     from distributed import Client
 
     from flows.cluster.start import ClusterConfig, dask_cluster
 
     cfgs = [short_config(tmp, model, w) for w in workload.split(",")]
     samples: list[dict[str, int]] = []
-    with dask_cluster(ClusterConfig()) as workers, Client(workers.address) as client:
+    config = ClusterConfig(scheduler=scheduler) if scheduler else ClusterConfig()
+    with dask_cluster(config) as workers, Client(workers.address) as client:
         for i in range(runs):
             train_run(cfgs[i % len(cfgs)], tmp / f"run-{i}", workers.address)
             samples.append({**worker_rss(client), "driver": rss_bytes()})

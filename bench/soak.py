@@ -3,6 +3,7 @@
     python -m bench.soak [--small] [--steps 200] [--warmup 50] [--workloads fanout,math-chain]
                          [--episodes 4] [--max-tokens 8] [--model DIR]
                          [--json bench/results/soak.json] [--png bench/results/soak.png]
+                         [--scheduler ADDRESS]
 
 Each workload is one real `train` run (default local cluster: one rollout and one training
 worker, the Prefect server, flex mode, a checkpoint every step as by default) with small
@@ -50,6 +51,12 @@ a new high-water mark mid-run is not mistaken for a leak, nor a leak for a pool.
 
 Each key is the maximum over the run's processes (per workload), and over the workloads at
 the top level; `soak_ok` says whether every target held.
+
+`--scheduler ADDRESS` (with `--small`, the test suite): the run on the running cluster at
+ADDRESS (one rollout and one training worker, as the default one; the suite's session
+cluster) instead of a fresh one: the test checks that the figures are those of the samples,
+never the growth, and a cluster of its own (its start, its first engine) was ~27 s of its
+~40 on 2 cores.
 """
 
 from __future__ import annotations
@@ -192,11 +199,15 @@ def trained_agents(cfg: Path) -> list[str]:
     return sorted({n["agent"] for n in data["nodes"].values()})
 
 
-def soak_workload(cfg: Path, run_dir: Path, warmup: int) -> dict[str, Any]:
-    """One run on a fresh default cluster, sampled per step."""
+def soak_workload(
+    cfg: Path, run_dir: Path, warmup: int, scheduler: str | None = None
+) -> dict[str, Any]:
+    """One run on a fresh default cluster (or on the running one at `scheduler`), sampled
+    per step."""
     from distributed import Client
 
-    with dask_cluster(ClusterConfig()) as workers, Client(workers.address) as client:
+    where = ClusterConfig(scheduler=scheduler) if scheduler else ClusterConfig()
+    with dask_cluster(where) as workers, Client(workers.address) as client:
         sampler = StepSampler(run_dir, trained_agents(cfg), client)
         sampler.start()
         try:
@@ -237,6 +248,7 @@ def run(
     episodes: int,
     max_tokens: int,
     work: Path,
+    scheduler: str | None = None,
 ) -> dict[str, Any]:
     results: dict[str, Any] = {
         "date": str(date.today()),
@@ -254,7 +266,8 @@ def run(
         results["server_pools"] = fill_server_pools()
         for wl in workloads:
             cfg = config_copy(wl, model, work, steps, episodes, max_tokens)
-            results["workloads"][wl] = soak_workload(cfg, work / f"run-{wl}", warmup)
+            run_dir = work / f"run-{wl}"
+            results["workloads"][wl] = soak_workload(cfg, run_dir, warmup, scheduler)
     per = results["workloads"].values()
     for key in KEYS:
         results[key] = max(r[key] for r in per)
@@ -343,7 +356,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default=None, help="HF model dir (default: a tiny random one)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
+    ap.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --small: the run on the running Dask cluster at ADDRESS (default: a fresh one)",
+    )
     a = ap.parse_args(argv)
+    if a.scheduler is not None and not a.small:
+        ap.error("--scheduler is for --small (a soak measures a fresh cluster)")
     if a.small:
         a.steps, a.warmup, a.workloads, a.episodes = 5, 2, "math-chain", 2
     workloads = a.workloads.split(",")
@@ -357,7 +377,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from workloads.tiny_model import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny"))
-        results = run(workloads, model, a.steps, a.warmup, a.episodes, a.max_tokens, Path(tmp))
+        results = run(
+            workloads, model, a.steps, a.warmup, a.episodes, a.max_tokens, Path(tmp), a.scheduler
+        )
     render(results)
     if a.png:
         plot(results, a.png)

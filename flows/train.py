@@ -30,7 +30,7 @@ from flows.orchestrator.executors import DaskExecutor, PrefectExecutor
 from flows.orchestrator.futures import WatchUnit
 from flows.orchestrator.pipeline import Pipeline
 from flows.orchestrator.step_tasks import UNIT_SECONDS, watch_steps
-from flows.report.artifacts import publish, reward_curve, timeline
+from flows.report.artifacts import plots_wanted, publish, reward_curve, timeline
 from flows.report.logs import orchestrator_logs
 from flows.report.metrics import reward_gain, summary, timings
 from flows.report.progress import Progress
@@ -231,7 +231,8 @@ def execute(run: Run, workers: Workers, executor: str) -> tuple[list[Any], float
 def finalize(
     run: Run, results: list[Any], t0: float, wall: float, workers: Workers, p: TrainParams
 ) -> dict[str, Any]:
-    """Phase 4: audit from the store, summary JSON, plots, Prefect artifacts."""
+    """Phase 4: audit from the store, summary JSON, plots (unless `FLEXMARL_PLOTS=0`:
+    `flows.report.artifacts`), Prefect artifacts."""
     ctx = run.ctx
     store = MEGStore.open(ctx.store_url, ctx.run_id, storage_options=ctx.storage_options)
     audit = audit_consistency(store)
@@ -250,7 +251,8 @@ def finalize(
     )
     out["reward_gain_last3_vs_first3"] = round(reward_gain(out["per_step"]), 4)
     title = f"{ctx.spec.name} · {ctx.mode}"
-    if out["per_step"]:
+    pictures = plots_wanted()
+    if out["per_step"] and pictures:
         reward_curve(out["per_step"], run.dir / "reward_curve.png", title)
         timeline(timings(results), run.dir / "timeline.png", title)
     (run.dir / "summary.json").write_text(json.dumps(out, indent=2))
@@ -260,7 +262,7 @@ def finalize(
         Path(p.summary_json).write_text(json.dumps(out, indent=2))
     if out["per_step"]:
         key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{ctx.spec.name}-{ctx.mode}".lower()))
-        publish(run.dir, out, mermaid(ctx.spec), key)
+        publish(run.dir, out, mermaid(ctx.spec), key, pictures)
     return out
 
 

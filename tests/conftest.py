@@ -99,16 +99,48 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{cpu:8.1f}s cpu  {nodeid}")
 
 
+# A run's pictures (reward_curve.png, timeline.png and their Prefect artifacts) are drawn only
+# in the test files that read them; every other run of the suite skips them
+# (`flows.report.artifacts.PLOTS_ENV`): 0.3-0.5 s of the driver's CPU a run, over the
+# suite's ~150 runs, plus matplotlib's import in each `flexmarl` process. A test
+# elsewhere that reads a run's pictures belongs in this list. The variable reaches the
+# `flexmarl` commands the tests start, and a value set outside the suite is kept.
+PLOTS_ENV = "FLEXMARL_PLOTS"
+DRAWS_PLOTS = (
+    "tests/flows/test_train.py",  # the PNG files and the artifacts of a run
+    "tests/flows/test_ui.py",  # the artifacts, rendered by the Prefect UI
+    "tests/bench/test_e2e_bench.py",  # the benchmark's copies of the timelines
+)
+os.environ.setdefault(PLOTS_ENV, "0")
+
+
+@pytest.fixture(autouse=True)
+def _plots_where_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.nodeid.split("::")[0] in DRAWS_PLOTS:
+        monkeypatch.setenv(PLOTS_ENV, "1")
+
+
 @pytest.fixture(scope="session")
 def prefect_server() -> Iterator[str]:
+    """The session's Prefect API server. The flows this process runs send no heartbeats:
+    Prefect's heartbeat thread sleeps in 1 s ticks and each flow's exit joins it, so every
+    run (the `train` flow and its pipeline subflow) waited ~1.2 s for nothing, measured over
+    warm runs on the session cluster (4.6 s a run with heartbeats, 3.4 s without). No test
+    here reads heartbeats (they mark crashed flow runs of deployments); the `flexmarl`
+    commands the tests start as processes keep Prefect's default."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
         url = PREFECT_API_URL.value()
         os.environ["PREFECT_API_URL"] = url  # the Dask workers inherit it
-        yield url
+        with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield url
         os.environ.pop("PREFECT_API_URL", None)
 
 

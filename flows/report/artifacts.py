@@ -3,22 +3,39 @@
 The timeline has one row per worker and one bar per task run, coloured by agent, with the
 phase as hatching: it is the picture that shows rollout and training overlapping (flex) or
 taking turns (sync). Every artifact is also written to the run directory.
+
+`FLEXMARL_PLOTS=0` (`PLOTS_ENV`) leaves the two pictures out, and their artifacts: drawing
+them is 0.3-0.5 s of the driver's CPU a run, which a sweep of many short runs, or a test
+suite that never looks at them, need not pay. Matplotlib is imported only to draw
+(half a second more, in every process that imported this module and drew nothing).
 """
 
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.patches import Patch
-
 from flows.report.metrics import PROMPTS
 from tasks.context import Timing
+
+PLOTS_ENV = "FLEXMARL_PLOTS"
+
+
+def plots_wanted() -> bool:
+    """Whether a run draws `reward_curve.png` and `timeline.png` (not when `PLOTS_ENV` is 0)."""
+    return os.environ.get(PLOTS_ENV, "1").strip() != "0"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 _HATCH = {
     "generate": "",
@@ -30,6 +47,7 @@ _HATCH = {
 
 
 def reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["team_reward"] for r in rows], "k-o", lw=2, label="team")
@@ -46,6 +64,9 @@ def reward_curve(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
 
 
 def timeline(ts: list[Timing], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
     workers = sorted({t.worker for t in ts})
     agents = sorted({t.agent for t in ts if t.agent != "-"})
     cmap = plt.get_cmap("tab10")
@@ -100,8 +121,11 @@ def _img_md(path: Path, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{data})"
 
 
-def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> None:
-    """Prefect artifacts (keyed, so they show on the Artifacts page) from the run's files."""
+def publish(
+    run_dir: Path, summary: dict[str, Any], mermaid: str, key: str, pictures: bool = True
+) -> None:
+    """Prefect artifacts (keyed, so they show on the Artifacts page) from the run's files;
+    `pictures`: also the reward curve and the timeline (False: they were not drawn)."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     rows = [
@@ -122,16 +146,17 @@ def publish(run_dir: Path, summary: dict[str, Any], mermaid: str, key: str) -> N
     create_table_artifact(
         table=rows, key=f"{key}-metrics", description=f"per-step metrics, {summary['mode']} mode"
     )
-    create_markdown_artifact(
-        key=f"{key}-reward-curve",
-        markdown=_img_md(run_dir / "reward_curve.png", "reward curve"),
-        description="team and per-agent mean reward per step",
-    )
-    create_markdown_artifact(
-        key=f"{key}-timeline",
-        markdown=_img_md(run_dir / "timeline.png", "pipeline timeline"),
-        description="one row per worker, one bar per task run (colour: agent, hatch: phase)",
-    )
+    if pictures:
+        create_markdown_artifact(
+            key=f"{key}-reward-curve",
+            markdown=_img_md(run_dir / "reward_curve.png", "reward curve"),
+            description="team and per-agent mean reward per step",
+        )
+        create_markdown_artifact(
+            key=f"{key}-timeline",
+            markdown=_img_md(run_dir / "timeline.png", "pipeline timeline"),
+            description="one row per worker, one bar per task run (colour: agent, hatch: phase)",
+        )
     create_markdown_artifact(
         key=f"{key}-meg",
         markdown=f"```mermaid\n{mermaid}```",

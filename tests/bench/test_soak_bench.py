@@ -92,13 +92,15 @@ def test_a_step_is_finished_once_every_agent_has_recorded_it(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_soak_bench_small(tmp_path: Path, prefect_server: str) -> None:
+def test_soak_bench_small(tmp_path: Path, cluster: str) -> None:
     """The headline (RSS growth <= 7.2%, no growth of open files or threads, after a 50-step
     warm-up of 200 steps) is not asserted here: 3 steps after a 2-step warm-up still see the
     allocator, caches and connection pools settle. Its arithmetic is checked on the
-    hand-made series above; this run checks that the figures are those of the samples."""
+    hand-made series above; this run checks that the figures are those of the samples, on
+    the session's cluster (`--scheduler`: a fresh one would cost its start, and no growth is
+    asserted here)."""
     out, png = tmp_path / "soak.json", tmp_path / "soak.png"
-    res = main(["--small", "--json", str(out), "--png", str(png)])
+    res = main(["--small", "--json", str(out), "--png", str(png), "--scheduler", cluster])
     assert json.loads(out.read_text()) == res
     assert png.stat().st_size > 1000
     r = res["workloads"]["math-chain"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +24,12 @@ pytestmark = [
 ]
 MODEL = f"s3://{BUCKET}/models/tiny"
 PUSH = ["model", "push", "/tmp/tiny", MODEL]
-# the one-host runs the multi-host ones are compared with: a local cluster on the driver of
-# one worker that generates and trains (not the layout's three): their trajectory does not
-# depend on where the tasks ran, which is what the comparison shows
-ONE_HOST = ["--colocate"]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def multihost() -> Iterator[Cluster]:
+    """The hosts' cluster (`cluster`, in these tests, is the session's local one:
+    tests/conftest.py)."""
     hosts = [("roll", "rollout"), ("trainer", "train")]
     with multihost_cluster(hosts, extra=("roll2", "trainer2", "stranger")) as c:
         # `flexmarl tiny-model /tmp/tiny`, then `flexmarl model push /tmp/tiny MODEL`: the
@@ -63,6 +62,27 @@ def fanout_config(cluster: Cluster, steps: int = 2, workload: str = "fanout") ->
 
 
 _CLIENTS: dict[str, Any] = {}
+
+
+def one_host(multihost: Cluster, workload: str, tmp: Path, scheduler: str) -> dict[str, Any]:
+    """The summary of `fanout_config(multihost, workload=workload)`'s run on one host: the
+    session's local cluster (`scheduler`) in this process, the model read from the
+    directory the driver pushed to S3 (the same files, so the S3 round trip is compared
+    too), the store in `tmp`. Their trajectory does not depend on where the tasks ran, which
+    is what the comparison shows. (A `flexmarl train --colocate` on the driver, a cluster
+    of its own, was about a third of these tests' time.)"""
+    from flows.cluster.start import ClusterConfig
+    from flows.train import TrainParams, train
+
+    data = yaml.safe_load((multihost.driver.root / f"{workload}.yaml").read_text())
+    for agent in data["agents"].values():
+        agent["model"] = str(multihost.driver.root / "tiny")
+    cfg = tmp / f"{workload}.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    where = ClusterConfig(scheduler=scheduler)
+    return train(
+        TrainParams(config=str(cfg), run_dir=str(tmp / "run"), cluster=where, export_final=False)
+    )
 
 
 def s3_client(cluster: Cluster) -> Any:
@@ -98,29 +118,31 @@ def committed(cluster: Cluster, step: int) -> int:
     return len(s3_client(cluster).glob(f"{BUCKET}/store/*/*/commits/k{step:06d}-*.json"))
 
 
-def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> None:
+def test_fanout_on_hosts_that_share_no_files_losing_two(
+    multihost: Cluster, cluster: str, tmp_path: Path
+) -> None:
     """Two steps of fanout. Once step 0 is done the rollout host is lost and another host
     joins under its name; once that one has committed some of step 1, the training host is
     lost in the middle of step 1, and another joins under its name."""
-    cfg = fanout_config(cluster, steps=2)
-    run = cluster.driver.start(
-        [*FLEXMARL, "train", cfg, "--scheduler", cluster.scheduler,
+    cfg = fanout_config(multihost, steps=2)
+    run = multihost.driver.start(
+        [*FLEXMARL, "train", cfg, "--scheduler", multihost.scheduler,
          "--store", f"s3://{BUCKET}/store", "--run-dir", "/tmp/run",
          "--summary-json", "/tmp/run/summary.json"],
-        env=cluster.driver_env(), log="train",
+        env=multihost.driver_env(), log="train",
     )  # fmt: skip
-    when_step_done(cluster, run, 0)
-    cluster.hosts["roll"].kill()  # every process of the host: SIGKILL
-    cluster.start_worker(cluster.hosts["roll2"], "rollout", "roll")
+    when_step_done(multihost, run, 0)
+    multihost.hosts["roll"].kill()  # every process of the host: SIGKILL
+    multihost.start_worker(multihost.hosts["roll2"], "rollout", "roll")
     deadline = time.monotonic() + 600
-    while committed(cluster, 1) < 3:  # the new rollout host is at work on step 1
-        assert run.poll() is None and time.monotonic() < deadline, cluster.hosts.logs()
+    while committed(multihost, 1) < 3:  # the new rollout host is at work on step 1
+        assert run.poll() is None and time.monotonic() < deadline, multihost.hosts.logs()
         time.sleep(0.5)
-    assert consumed(cluster, 1) < 5  # step 1 not trained yet: the loss is mid-step
-    cluster.hosts["trainer"].kill()
-    cluster.start_worker(cluster.hosts["trainer2"], "train", "trainer")
-    assert run.wait(timeout=900) == 0, cluster.hosts.logs()
-    summary = json.loads((cluster.driver.root / "run" / "summary.json").read_text())
+    assert consumed(multihost, 1) < 5  # step 1 not trained yet: the loss is mid-step
+    multihost.hosts["trainer"].kill()
+    multihost.start_worker(multihost.hosts["trainer2"], "train", "trainer")
+    assert run.wait(timeout=900) == 0, multihost.hosts.logs()
+    summary = json.loads((multihost.driver.root / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["consistency"]["violations"] == 0
     # the independent audit: every step stepped on exactly its micro-batches, none twice
     assert summary["consistency"]["accounting_errors"] == 0
@@ -128,36 +150,31 @@ def test_fanout_on_hosts_that_share_no_files_losing_two(cluster: Cluster) -> Non
     assert summary["store_url"] == f"s3://{BUCKET}/store"
     # each worker host fetched the model from S3 into its own cache; none sees the run dir
     for name in ("roll", "trainer", "roll2", "trainer2"):
-        host = cluster.hosts[name]
+        host = multihost.hosts[name]
         cached = list((host.root / "home" / ".cache" / "flexmarl" / "models").glob("tiny-*"))
         assert cached and (cached[0] / "config.json").is_file(), name
         assert host.run(["test", "-e", "/tmp/run/summary.json"]).returncode == 1
-    assert cluster.driver.run(["test", "-e", "/tmp/run/summary.json"]).returncode == 0
+    assert multihost.driver.run(["test", "-e", "/tmp/run/summary.json"]).returncode == 0
     # the final export was written by the driver from the checkpoints on S3
-    assert (cluster.driver.root / "run" / "final" / "planner" / "config.json").is_file()
-    # the same config on one host (a local cluster on the driver): the same trajectory
-    local = cluster.flexmarl(
-        "train", cfg, "--store", f"s3://{BUCKET}/store-local", "--run-dir", "/tmp/run-local",
-        "--summary-json", "/tmp/run-local/summary.json", "--no-export-final", *ONE_HOST,
-        tls=False,
-    )  # fmt: skip
-    assert local.returncode == 0, local.stderr[-4000:]
-    one = json.loads((cluster.driver.root / "run-local" / "summary.json").read_text())
+    assert (multihost.driver.root / "run" / "final" / "planner" / "config.json").is_file()
+    # the same config on one host, never disturbed: the same trajectory
+    one = one_host(multihost, "fanout", tmp_path, cluster)
+    assert one["consistency"]["violations"] == 0
     assert trajectory(one) == trajectory(summary)
 
 
-def test_math_chain_runs_the_same_on_one_host_and_on_many(cluster: Cluster) -> None:
-    cfg = fanout_config(cluster, steps=2, workload="math-chain")
-    summaries = []
-    for name, where in (("mc-multi", ["--scheduler", cluster.scheduler]), ("mc-one", ONE_HOST)):
-        out = cluster.flexmarl(
-            "train", cfg, *where, "--store", f"s3://{BUCKET}/{name}", "--run-dir", f"/tmp/{name}",
-            "--summary-json", f"/tmp/{name}/summary.json", "--no-export-final",
-            tls=name == "mc-multi",
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-4000:]
-        summaries.append(json.loads((cluster.driver.root / name / "summary.json").read_text()))
-    multi, one = summaries
+def test_math_chain_runs_the_same_on_one_host_and_on_many(
+    multihost: Cluster, cluster: str, tmp_path: Path
+) -> None:
+    cfg = fanout_config(multihost, steps=2, workload="math-chain")
+    out = multihost.flexmarl(
+        "train", cfg, "--scheduler", multihost.scheduler, "--store", f"s3://{BUCKET}/mc-multi",
+        "--run-dir", "/tmp/mc-multi", "--summary-json", "/tmp/mc-multi/summary.json",
+        "--no-export-final",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    multi = json.loads((multihost.driver.root / "mc-multi" / "summary.json").read_text())
+    one = one_host(multihost, "math-chain", tmp_path, cluster)
     assert multi["consistency"]["violations"] == one["consistency"]["violations"] == 0
     assert trajectory(multi) == trajectory(one)
 
@@ -170,33 +187,37 @@ def trajectory(summary: dict[str, Any]) -> list[tuple[Any, ...]]:
     ]
 
 
-def test_a_worker_without_the_certificate_cannot_join(cluster: Cluster) -> None:
-    before = set(cluster.workers())
-    stranger = cluster.hosts["stranger"]
-    cluster.start_worker(stranger, "rollout", "intruder", tls=False)  # no certificate
+def test_a_worker_without_the_certificate_cannot_join(multihost: Cluster) -> None:
+    before = set(multihost.workers())
+    stranger = multihost.hosts["stranger"]
+    multihost.start_worker(stranger, "rollout", "intruder", tls=False)  # no certificate
     proc, log = stranger.procs[-1]
     deadline = time.monotonic() + 60
     while proc.poll() is None and "rror" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
         time.sleep(0.5)  # it gives up (exits) or keeps failing its handshake
-    after = set(cluster.workers())  # asked once: each ask is a Python started on the driver
+    after = set(multihost.workers())  # asked once: each ask is a Python started on the driver
     assert "intruder" not in after and after == before
     text = log.read_text(errors="replace")
     assert "SSL" in text or "TLS" in text or "tls" in text, text[-3000:]
 
 
-def test_paths_only_the_driver_has_are_named_before_the_run(cluster: Cluster) -> None:
-    cfg = fanout_config(cluster)
-    text = (cluster.driver.root / "fanout.yaml").read_text().replace(MODEL, "/tmp/tiny")
-    (cluster.driver.root / "local.yaml").write_text(text)
-    out = cluster.flexmarl("meg", "validate", "/tmp/local.yaml", "--scheduler", cluster.scheduler)
+def test_paths_only_the_driver_has_are_named_before_the_run(multihost: Cluster) -> None:
+    cfg = fanout_config(multihost)
+    text = (multihost.driver.root / "fanout.yaml").read_text().replace(MODEL, "/tmp/tiny")
+    (multihost.driver.root / "local.yaml").write_text(text)
+    out = multihost.flexmarl(
+        "meg", "validate", "/tmp/local.yaml", "--scheduler", multihost.scheduler
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     for worker in ("roll", "trainer"):
         assert f"worker {worker} (" in out.stderr and "has no model of agent" in out.stderr
     assert "flexmarl model push" in out.stderr and "Traceback" not in out.stderr
-    ok = cluster.flexmarl("meg", "validate", cfg, "--scheduler", cluster.scheduler)
+    ok = multihost.flexmarl("meg", "validate", cfg, "--scheduler", multihost.scheduler)
     assert ok.returncode == 0 and "every worker of" in ok.stdout, ok.stderr[-2000:]
     # a train with the default store (a folder under the driver's run dir) stops at start
-    out = cluster.flexmarl("train", cfg, "--scheduler", cluster.scheduler, "--run-dir", "/tmp/r2")
+    out = multihost.flexmarl(
+        "train", cfg, "--scheduler", multihost.scheduler, "--run-dir", "/tmp/r2"
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert "has no MEG Store folder /tmp/r2/store" in out.stderr, out.stderr[-3000:]
