@@ -57,9 +57,9 @@ class Audit:
 def external_violations(batch: SampleBatch) -> int:
     """External rows of `batch` that claim a version (row or token) other than
     `EXTERNAL_VERSION`: an external policy's sample counted as the agent's own."""
-    bad = batch.policy_version != EXTERNAL_VERSION
-    for i in range(len(batch)):
-        bad[i] |= bool(np.any(batch.token_version(i) != EXTERNAL_VERSION))
+    wrong = np.concatenate([[0], np.cumsum(batch.token_versions != EXTERNAL_VERSION)])
+    off = batch.response_offsets  # per row: its tokens claiming a version
+    bad = (batch.policy_version != EXTERNAL_VERSION) | (wrong[off[1:]] - wrong[off[:-1]] > 0)
     return int(bad.sum())
 
 

@@ -321,7 +321,7 @@ def generate_segment(
     live = [p for p, s in zip(plans, skip, strict=True) if not s]
     params = sampling_for(ctx, node, step, mb)
     source = rollout_policy(spec).external(agent_name)
-    own = params if source is None else split(params, source)[0]
+    own, drawn_params = (params, None) if source is None else split(params, source)
     t0 = time.time()
     completions: list[list[Any]] = []
     discarded, version, startup, label = 0, min_version, 0.0, ""
@@ -330,9 +330,9 @@ def generate_segment(
         version = ensure_weights(ctx, host, agent_name, min_version)
         prompts = prompts_of(ctx, node, live, batches, index, episodes)
         completions, discarded = sample(ctx, node, host, agent_name, live, prompts, own, episodes)
-        if source is not None:  # the group's last rows: the external policy's
+        if source is not None and drawn_params is not None:  # the groups' last rows
             drawn, label = sample_external(
-                ctx, agent_name, source, prompts, split(params, source)[1], ensure_weights
+                ctx, agent_name, source, prompts, drawn_params, ensure_weights
             )
             completions = [a + b for a, b in zip(completions, drawn, strict=True)]
     t1 = time.time()
